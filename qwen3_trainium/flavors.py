@@ -1,0 +1,99 @@
+"""Qwen3 model specs: torchtitan's flavors plus ``tiny``, a 3M-parameter dense Qwen3 for CPU.
+
+``tiny`` is built with torchtitan's public per-layer builders, so it is the same Qwen3
+architecture (GQA with QK-norm, SwiGLU, CosSinRoPE, tied embeddings) at a size where a
+10-step smoke run takes seconds on a laptop CPU.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+TINY_FLAVORS = ("tiny",)
+
+
+def titan_flavors() -> tuple[str, ...]:
+    from torchtitan.models.qwen3 import qwen3_configs
+
+    return tuple(qwen3_configs)
+
+
+def all_flavors() -> tuple[str, ...]:
+    return TINY_FLAVORS + titan_flavors()
+
+
+def default_flavor(device_type: str) -> str:
+    return "tiny" if device_type == "cpu" else "0.6B"
+
+
+def _tiny(attn_backend: str):
+    import torch.nn as nn
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+    from torchtitan.models.common.config_utils import (
+        get_attention_config,
+        make_ffn_config,
+        make_gqa_config,
+    )
+    from torchtitan.models.common.nn_modules import RMSNorm
+    from torchtitan.models.common.param_init import skip_param_init
+    from torchtitan.models.qwen3 import Qwen3Model
+    from torchtitan.models.qwen3.model import Qwen3TransformerBlock
+
+    vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden = 512, 256, 4, 4, 2, 64, 768
+    linear_init = {"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}
+
+    def norm(size: int) -> RMSNorm.Config:
+        return RMSNorm.Config(normalized_shape=size, eps=1e-6, param_init={"weight": nn.init.ones_})
+
+    def block() -> Qwen3TransformerBlock.Config:
+        return Qwen3TransformerBlock.Config(
+            attention_norm=norm(dim),
+            ffn_norm=norm(dim),
+            attention=make_gqa_config(
+                dim=dim,
+                n_heads=n_heads,
+                n_kv_heads=n_kv_heads,
+                head_dim=head_dim,
+                wqkv_param_init=linear_init,
+                wo_param_init=linear_init,
+                inner_attention=get_attention_config(attn_backend),
+                fuse_qkv=True,
+                rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=4096, theta=1e6),
+                qk_norm=norm(head_dim),
+            ),
+            feed_forward=make_ffn_config(
+                dim=dim, hidden_dim=hidden, w1_param_init=linear_init, w2w3_param_init=linear_init
+            ),
+        )
+
+    return Qwen3Model.Config(
+        vocab_size=vocab,
+        dim=dim,
+        norm=norm(dim),
+        enable_weight_tying=True,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=vocab, embedding_dim=dim, param_init={"weight": skip_param_init}
+        ),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=linear_init),
+        layers=[block() for _ in range(n_layers)],
+    )
+
+
+def model_spec(flavor: str, titan_attn_backend: str):
+    """torchtitan ``ModelSpec`` for a flavor; ``titan_attn_backend`` is flex or varlen."""
+    from torchtitan.models.qwen3 import model_registry
+
+    if flavor not in TINY_FLAVORS:
+        return model_registry(flavor, attn_backend=titan_attn_backend)
+    spec = model_registry("debugmodel", attn_backend=titan_attn_backend)
+    spec.flavor = flavor
+    spec.model = _tiny(titan_attn_backend)
+    return spec
+
+
+def vocab_size(flavor: str) -> int:
+    if flavor in TINY_FLAVORS:
+        return _tiny("flex").vocab_size
+    from torchtitan.models.qwen3 import qwen3_configs
+
+    return qwen3_configs[flavor]("flex").vocab_size

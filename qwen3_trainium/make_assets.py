@@ -1,0 +1,97 @@
+"""Make the embedded default assets: a small text corpus and a byte-level BPE tokenizer.
+
+The default job must run with no network, so the project ships what it trains on. This
+module regenerates both deterministically (``python -m qwen3_trainium.make_assets``); the
+committed files under ``qwen3_trainium/data/`` are its output.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+DATA_DIR = Path(__file__).parent / "data"
+CORPUS_DIR = DATA_DIR / "corpus"
+TOKENIZER_DIR = DATA_DIR / "tokenizer"
+VOCAB_SIZE = 512
+EOS = "<|endoftext|>"
+SPECIAL_TOKENS = [EOS, "<|im_start|>", "<|im_end|>"]
+
+_NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi"]
+_THINGS = ["apples", "books", "coins", "pencils", "stones", "shells", "cards", "cups"]
+_NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+_CAPITALS = {
+    "France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Spain": "Madrid",
+    "Egypt": "Cairo", "Peru": "Lima", "Kenya": "Nairobi", "Norway": "Oslo",
+}  # fmt: skip
+
+
+def _story(rng: random.Random) -> str:
+    a, b = rng.sample(_NAMES, 2)
+    thing = rng.choice(_THINGS)
+    x, y = rng.randint(1, 9), rng.randint(1, 9)
+    return f"{a} has {x} {thing}. {b} gives {a} {y} more {thing}. Now {a} has {x + y} {thing}."
+
+
+def _counting(rng: random.Random) -> str:
+    start = rng.randint(0, 5)
+    return " ".join(_NUMBERS[start : start + rng.randint(3, 5)]) + "."
+
+
+def _capital(rng: random.Random) -> str:
+    country = rng.choice(sorted(_CAPITALS))
+    return f"The capital of {country} is {_CAPITALS[country]}."
+
+
+def _arithmetic(rng: random.Random) -> str:
+    x, y = rng.randint(0, 20), rng.randint(0, 20)
+    return f"{x} plus {y} is {x + y}. {x + y} minus {y} is {x}."
+
+
+def make_corpus(num_docs: int = 4000, seed: int = 0) -> list[str]:
+    """Documents of 1-4 templated sentences: structured enough that loss falls fast."""
+    rng = random.Random(seed)
+    makers = [_story, _counting, _capital, _arithmetic]
+    return [" ".join(rng.choice(makers)(rng) for _ in range(rng.randint(1, 4))) for _ in range(num_docs)]
+
+
+def train_tokenizer(docs: list[str], out_dir: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(docs, trainer=trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": EOS,
+        "pad_token": EOS,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "model_max_length": 40960,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def main() -> None:
+    docs = make_corpus()
+    CORPUS_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CORPUS_DIR / "train.jsonl", "w") as f:
+        for doc in docs:
+            f.write(json.dumps({"text": doc}) + "\n")
+    train_tokenizer(docs, TOKENIZER_DIR)
+    print(f"wrote {len(docs)} documents to {CORPUS_DIR} and a tokenizer to {TOKENIZER_DIR}")
+
+
+if __name__ == "__main__":
+    main()

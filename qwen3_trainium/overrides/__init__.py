@@ -1,0 +1,1 @@
+"""torchtitan ``@override`` factories, activated by name through ``override.imports``."""

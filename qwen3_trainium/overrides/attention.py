@@ -1,0 +1,77 @@
+"""Causal SDPA that honours document boundaries: the attention that trains on every device.
+
+torchtitan's own ``ScaledDotProductAttention`` is causal over the whole packed row (it
+rejects masks), so documents packed into one sample would see each other. This backend is a
+``VarlenAttention.Config`` subclass, so torchtitan's trainer builds the per-document
+``VarlenMetadata`` for it from the positions the dataloader emits (pure torch, any device);
+the forward turns those cumulative offsets into a block-diagonal causal mask and runs
+``F.scaled_dot_product_attention``, which has a backward on CPU, CUDA and Neuron.
+
+Activated with ``override.imports`` (``model.attn_backend=sdpa``): the model is built with
+torchtitan's varlen backend and this override swaps every inner attention node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torchtitan.config import derive, override
+from torchtitan.models.common.attention import VarlenAttention, VarlenMetadata
+from torchtitan.protocols.module import Module
+
+
+def document_causal_mask(cu_seqlens: torch.Tensor, batch: int, seq_len: int) -> torch.Tensor:
+    """Boolean ``[B, 1, L, L]`` mask: True where query i may attend key j.
+
+    ``cu_seqlens`` are document start offsets into the flattened ``B*L`` tokens plus the
+    total, as built by ``create_varlen_metadata_for_document``.
+    """
+    tokens = torch.arange(batch * seq_len, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    doc_ids = torch.searchsorted(cu_seqlens, tokens, right=True).view(batch, seq_len)
+    same_doc = doc_ids.unsqueeze(2) == doc_ids.unsqueeze(1)
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=cu_seqlens.device).tril()
+    return (same_doc & causal).unsqueeze(1)
+
+
+class DocumentCausalSDPA(VarlenAttention):
+    @dataclass(kw_only=True, slots=True)
+    class Config(VarlenAttention.Config):
+        pass
+
+    def __init__(self, config: Config) -> None:
+        Module.__init__(self)  # skip VarlenAttention's CUDA flash-attention setup
+        self.window_size = config.window_size
+
+    def forward(
+        self,
+        q_BLNH: torch.Tensor,
+        k_BLNH: torch.Tensor,
+        v_BLNH: torch.Tensor,
+        *,
+        attention_masks: VarlenMetadata,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        **kwargs,
+    ) -> torch.Tensor:
+        batch, seq_len = q_BLNH.shape[:2]
+        mask = document_causal_mask(attention_masks.cu_seq_q, batch, seq_len)
+        out_BNLH = F.scaled_dot_product_attention(
+            q_BLNH.transpose(1, 2),
+            k_BLNH.transpose(1, 2),
+            v_BLNH.transpose(1, 2),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        return out_BNLH.transpose(1, 2)
+
+
+@override(
+    target=VarlenAttention.Config,
+    exact=True,
+    description="causal SDPA with per-document masking (trains on cpu, cuda, neuron)",
+)
+def document_sdpa(cfg: VarlenAttention.Config) -> DocumentCausalSDPA.Config:
+    return derive(cfg, DocumentCausalSDPA.Config)

@@ -1,0 +1,294 @@
+"""Every check that can fail before a process starts, reported all together.
+
+Each problem names the config key, the bad value and the fix. ``check`` never raises for a
+user error: it returns the list, and the launcher prints it and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+from dataclasses import dataclass
+
+from qwen3_trainium import flavors
+from qwen3_trainium.schema import AttnBackend, ModelPath, RunConf
+
+ISSUE_FOR_PATH = {ModelPath.hf: 3, ModelPath.nki_moe: 4}
+STREAMED_DATASETS = ("c4", "c4_validation")  # torchtitan streams these: no offline cache
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str
+    value: object
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"- {self.key} = {self.value!r}: {self.message}\n  fix: {self.fix}"
+
+
+def format_problems(problems: list[Problem]) -> str:
+    head = f"qwen3-trainium: {len(problems)} config problem(s), nothing was started:"
+    return "\n".join([head, *map(str, problems)])
+
+
+def _model(run: RunConf) -> list[Problem]:
+    path = run.model.path
+    if path in ISSUE_FOR_PATH:
+        return [
+            Problem(
+                "model", path.value,
+                f"the {path.value} training path is not available yet (issue #{ISSUE_FOR_PATH[path]})",
+                "use model=native",
+            )
+        ]  # fmt: skip
+    known = flavors.all_flavors()
+    if run.model.flavor not in known:
+        return [
+            Problem("model.flavor", run.model.flavor, "not a Qwen3 flavor", f"one of: {', '.join(known)}")
+        ]
+    return []
+
+
+def _attention(run: RunConf) -> list[Problem]:
+    device, backend = run.device.type.value, run.model.attn_backend
+    reasons = {
+        ("cpu", AttnBackend.flex): "FlexAttention has no backward on CPU",
+        ("cpu", AttnBackend.varlen): "varlen attention needs CUDA flash attention",
+        ("neuron", AttnBackend.flex): "FlexAttention is compiled by Inductor, which does not target Neuron",
+        ("neuron", AttnBackend.varlen): "varlen attention needs CUDA flash attention",
+    }
+    reason = reasons.get((device, backend))
+    if reason is None:
+        return []
+    return [
+        Problem(
+            "model.attn_backend",
+            backend.value,
+            f"{reason} (device.type={device})",
+            "model.attn_backend=sdpa (or auto)",
+        )
+    ]
+
+
+def _training(run: RunConf) -> list[Problem]:
+    problems = []
+    for key in ("steps", "seq_len", "local_batch_size"):
+        value = getattr(run.training, key)
+        if value < 1:
+            problems.append(
+                Problem(
+                    f"training.{key}", value, "must be at least 1", f"training.{key}=<a positive integer>"
+                )
+            )
+    if run.launcher.nproc_per_node < 1 or run.launcher.nnodes < 1:
+        problems.append(
+            Problem(
+                "launcher.nproc_per_node",
+                run.launcher.nproc_per_node,
+                "must be at least 1 (or -1: one per device)",
+                "launcher.nproc_per_node=-1",
+            )
+        )
+    return problems
+
+
+def _world_size(run: RunConf) -> list[Problem]:
+    par = run.parallel
+    world = run.launcher.nnodes * run.launcher.nproc_per_node
+    others = (
+        par.data_parallel_replicate_degree * par.tensor_parallel_degree
+        * par.pipeline_parallel_degree * par.context_parallel_degree
+    )  # fmt: skip
+    shard = par.data_parallel_shard_degree
+    if world < 1:
+        return []
+    if shard == -1 and world % others == 0:
+        return []
+    if shard != -1 and others * shard == world:
+        return []
+    product = f"{others} x data_parallel_shard_degree({shard})"
+    return [
+        Problem(
+            "parallel", product,
+            f"the product of the parallel degrees does not match the world size "
+            f"{world} (launcher.nnodes={run.launcher.nnodes} x nproc_per_node={run.launcher.nproc_per_node})",
+            "set parallel.data_parallel_shard_degree=-1 or change the degrees / launcher.nproc_per_node",
+        )
+    ]  # fmt: skip
+
+
+def _data(run: RunConf) -> list[Problem]:
+    problems = []
+    assets = run.data.hf_assets_path
+    if not os.path.isfile(os.path.join(assets, "tokenizer.json")):
+        problems.append(
+            Problem(
+                "data.hf_assets_path",
+                assets,
+                "no tokenizer.json in this directory",
+                "point data.hf_assets_path at a directory with tokenizer.json (and tokenizer_config.json)",
+            )
+        )
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    if run.data.dataset.lower() not in DATASETS:
+        fix = f"one of {', '.join(sorted(DATASETS))}, or data=local data.dataset_path=<dir>"
+        problems.append(Problem("data.dataset", run.data.dataset, "not a torchtitan dataset name", fix))
+    path = run.data.dataset_path
+    if path and os.path.isabs(path) and not os.path.isdir(path):
+        what = "is a file, not a directory" if os.path.isfile(path) else "does not exist"
+        fix = (
+            f"data.dataset_path={os.path.dirname(path)}"
+            if os.path.isfile(path)
+            else "data.dataset_path=<a directory of *.jsonl / *.txt>"
+        )
+        problems.append(Problem("data.dataset_path", path, what, fix))
+    return problems
+
+
+def _needs_hub(run: RunConf) -> bool:
+    path = run.data.dataset_path
+    return not (path and os.path.isabs(path))
+
+
+def hub_offline() -> bool:
+    """True when the Hugging Face Hub is switched off or cannot be reached (5 s probe)."""
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+        return True
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or ""
+    try:
+        socket.create_connection((host, 443), timeout=5).close()
+    except OSError:
+        return True
+    return False
+
+
+def _hub_cached(repo: str) -> bool:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(repo, repo_type="dataset", local_files_only=True)
+    except Exception:  # LocalEntryNotFoundError and friends: not in the cache
+        return False
+    return True
+
+
+def _hub_dataset(run: RunConf) -> list[Problem]:
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    name = run.data.dataset.lower()
+    repo = run.data.dataset_path or DATASETS[name].path
+    streamed = name in STREAMED_DATASETS and not run.data.dataset_path
+    if (streamed or not _hub_cached(repo)) and hub_offline():
+        return [
+            Problem(
+                "data.dataset", repo,
+                "a Hugging Face Hub dataset that is not in the local cache, and the Hub cannot be reached from here",
+                f"download it where there is network (hf download --repo-type dataset {repo} --local-dir ./assets/data) "
+                "and run with data=local data.dataset_path=./assets/data",
+            )
+        ]  # fmt: skip
+    return []
+
+
+def _tokenizer_fits(run: RunConf) -> list[Problem]:
+    tokenizer = os.path.join(run.data.hf_assets_path, "tokenizer.json")
+    if not os.path.isfile(tokenizer):
+        return []
+    with open(tokenizer) as f:
+        data = json.load(f)
+    ids = list(data["model"]["vocab"].values()) + [t["id"] for t in data.get("added_tokens", [])]
+    vocab = max(ids) + 1
+    model_vocab = flavors.vocab_size(run.model.flavor)
+    if vocab <= model_vocab:
+        return []
+    return [
+        Problem(
+            "data.hf_assets_path",
+            run.data.hf_assets_path,
+            f"the tokenizer has {vocab} ids but flavor {run.model.flavor} has vocab_size {model_vocab}",
+            "use the model's own tokenizer, or a larger flavor",
+        )
+    ]
+
+
+def _device_present(run: RunConf) -> list[Problem]:
+    device = run.device.type.value
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return [
+                Problem(
+                    "device",
+                    device,
+                    "CUDA is not available on this machine",
+                    "device=cpu (or device=auto), or dry_run=true to only validate",
+                )
+            ]
+    if device == "neuron" and importlib.util.find_spec("torch_neuronx") is None:
+        return [
+            Problem(
+                "device",
+                device,
+                "torch-neuronx is not installed (Trainium hosts install it from the Neuron pip repository)",
+                "device=auto, or dry_run=true to only validate a Trainium config here",
+            )
+        ]
+    return []
+
+
+def _titan(run: RunConf, run_dir: str) -> list[Problem]:
+    """Let torchtitan validate here, as each rank would: build the Trainer.Config, size the
+    model against it (seq_len vs RoPE table, TP vs heads) and apply the overrides, on a copy."""
+    import copy
+
+    from torchtitan.config import apply_overrides
+
+    from qwen3_trainium.titan import to_trainer_config
+
+    try:
+        cfg = to_trainer_config(run, run_dir)
+        trial = copy.deepcopy(cfg)
+        trial.model_spec.model.update_from_config(config=trial)
+        apply_overrides(trial.override, trial)
+    except (ValueError, TypeError, AssertionError, ImportError, NotImplementedError) as err:
+        return [
+            Problem(
+                "(torchtitan)",
+                "Trainer.Config",
+                f"torchtitan rejected the config: {err}",
+                "change the value it names",
+            )
+        ]
+    return []
+
+
+def missing_values(cfg) -> list[Problem]:
+    """Required values (``???``) nobody set: reported before the config is resolved."""
+    from omegaconf import OmegaConf
+
+    return [
+        Problem(key, "???", "a required value is not set", f"{key}=<value> on the command line")
+        for key in sorted(OmegaConf.missing_keys(cfg))
+    ]
+
+
+def check(run: RunConf, run_dir: str, *, launching: bool) -> list[Problem]:
+    problems = _model(run)
+    if problems:
+        return problems
+    problems += _attention(run) + _training(run) + _world_size(run) + _data(run) + _tokenizer_fits(run)
+    if launching:
+        problems += _device_present(run)
+        if _needs_hub(run) and not problems:
+            problems += _hub_dataset(run)
+    if not problems:
+        problems += _titan(run, run_dir)
+    return problems

@@ -1,0 +1,80 @@
+"""The run config: Hydra's composed config with every ``auto`` filled and every path absolute.
+
+``resolve`` runs once, in the parent; ``save`` writes ``<run_dir>/resolved.yaml``; ``load``
+reads it back (in each rank) against the same schema. Ranks never see Hydra and never detect
+devices again, so every rank trains exactly the config that was checked and printed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from qwen3_trainium import flavors
+from qwen3_trainium.schema import AttnBackend, DeviceType, RunConf
+
+RESOLVED_NAME = "resolved.yaml"
+ASSETS_DIR = Path(__file__).parent / "data"
+
+# Fields holding paths a user types; made absolute against the launch directory.
+_PATH_FIELDS = (
+    ("data", "dataset_path"),
+    ("data", "hf_assets_path"),
+    ("checkpoint", "initial_load_path"),
+)
+
+
+def asset_path(name: str) -> str:
+    """``${q3t_asset:tokenizer}`` in YAML: a shipped asset directory."""
+    return str(ASSETS_DIR / name)
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("q3t_asset"):
+        OmegaConf.register_new_resolver("q3t_asset", asset_path)
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith((".", "/", "~")) or os.path.exists(path)
+
+
+def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
+    """Typed run config from Hydra's composed config: autos filled, paths absolute."""
+    from qwen3_trainium import devices
+
+    run: RunConf = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    if run.device.type is DeviceType.auto:
+        run.device.type = DeviceType(devices.detect_device_type())
+    device = run.device.type.value
+    if run.model.flavor == "auto":
+        run.model.flavor = flavors.default_flavor(device)
+    if run.model.attn_backend is AttnBackend.auto:
+        run.model.attn_backend = AttnBackend.flex if device == "cuda" else AttnBackend.sdpa
+    if run.launcher.nproc_per_node == -1:
+        info = devices.device_info(device, lnc=run.device.lnc, instance=run.device.instance)
+        run.launcher.nproc_per_node = info.devices_per_node
+    for group, key in _PATH_FIELDS:
+        node = getattr(run, group)
+        value = getattr(node, key)
+        if value and _looks_local(value):
+            setattr(node, key, os.path.abspath(os.path.join(launch_dir, os.path.expanduser(value))))
+    return run
+
+
+def to_yaml(run: RunConf) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(run))
+
+
+def save(run: RunConf, run_dir: str) -> str:
+    path = os.path.join(run_dir, RESOLVED_NAME)
+    os.makedirs(run_dir, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(to_yaml(run))
+    return path
+
+
+def load(path: str) -> RunConf:
+    merged = OmegaConf.merge(OmegaConf.structured(RunConf), OmegaConf.load(path))
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]

@@ -1,0 +1,193 @@
+"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+
+The composed config is checked against these dataclasses when Hydra composes it, so a
+misspelt key or a wrong type fails in the parent, with Hydra's own message, before any
+process starts. Field names are torchtitan's wherever torchtitan has the field, so that
+translating to ``Trainer.Config`` is unpacking, not renaming.
+"""
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class ModelPath(Enum):
+    native = "native"
+    hf = "hf"
+    nki_moe = "nki_moe"
+
+
+class AttnBackend(Enum):
+    auto = "auto"  # sdpa on cpu and neuron, flex on cuda
+    sdpa = "sdpa"  # causal SDPA with per-document masking (ours; trains on every device)
+    flex = "flex"  # torchtitan FlexAttention (no backward on CPU)
+    varlen = "varlen"  # torchtitan VarlenAttention (needs CUDA flash attention)
+
+
+class DeviceType(Enum):
+    auto = "auto"  # neuron, then cuda, then cpu
+    cpu = "cpu"
+    cuda = "cuda"
+    neuron = "neuron"
+
+
+class Dtype(Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class ACMode(Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+@dataclass
+class ModelConf:
+    path: ModelPath = MISSING
+    flavor: str = "auto"  # a torchtitan Qwen3 flavor or one of ours; auto: by device
+    attn_backend: AttnBackend = AttnBackend.auto
+
+
+@dataclass
+class TrainingConf:
+    """torchtitan ``TrainingConfig`` fields."""
+
+    steps: int = 1000
+    seq_len: int = 256
+    local_batch_size: int = 8
+    global_batch_size: int = -1
+    max_norm: float = 1.0
+    dtype: Dtype = Dtype.float32
+    mixed_precision_param: Dtype = Dtype.bfloat16
+    mixed_precision_reduce: Dtype = Dtype.float32
+    gc_freq: int = 50
+
+
+@dataclass
+class OptimizerConf:
+    """One parameter group for all parameters (torchtitan ``default_adamw`` shape)."""
+
+    name: str = "AdamW"
+    lr: float = 8e-4
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    implementation: str = "fused"
+
+
+@dataclass
+class LRSchedulerConf:
+    """torchtitan ``LRSchedulersContainer.Config`` fields."""
+
+    warmup_steps: int = 200
+    decay_ratio: float | None = None
+    decay_type: str = "linear"
+    min_lr_factor: float = 0.0
+
+
+@dataclass
+class ParallelConf:
+    """torchtitan ``ParallelismConfig`` fields (-1 means: all remaining ranks)."""
+
+    data_parallel_replicate_degree: int = 1
+    data_parallel_shard_degree: int = -1
+    fsdp_reshard_after_forward: str = "default"
+    tensor_parallel_degree: int = 1
+    enable_sequence_parallel: bool = True
+    pipeline_parallel_degree: int = 1
+    pipeline_parallel_schedule: str = "1F1B"
+    pipeline_parallel_microbatch_size: int = 1
+    context_parallel_degree: int = 1
+    expert_parallel_degree: int = 1
+
+
+@dataclass
+class ActivationCheckpointConf:
+    mode: ACMode = ACMode.none
+
+
+@dataclass
+class LauncherConf:
+    """The torchrun command line."""
+
+    nnodes: int = 1
+    nproc_per_node: int = -1  # -1: one process per device (per logical NeuronCore)
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str = "localhost:0"
+    log_rank: int = 0  # the local rank whose output is streamed to the terminal
+
+
+@dataclass
+class DeviceConf:
+    type: DeviceType = DeviceType.auto
+    lnc: int = 2  # Neuron logical core size (1 or 2); ignored elsewhere
+    instance: str = "trn2.48xlarge"  # Neuron instance type; ignored elsewhere
+
+
+@dataclass
+class DataConf:
+    """torchtitan dataloader fields plus the tokenizer directory (``hf_assets_path``)."""
+
+    dataset: str = "c4_test"
+    dataset_path: str | None = MISSING  # required: each data option sets it (null: hub)
+    hf_assets_path: str = MISSING
+
+
+@dataclass
+class CheckpointConf:
+    """torchtitan ``CheckpointManager.Config`` fields."""
+
+    enable: bool = False
+    folder: str = "checkpoint"
+    interval: int = 500
+    initial_load_path: str | None = None
+    initial_load_model_only: bool = True
+    initial_load_in_hf: bool = False
+    last_save_model_only: bool = True
+    last_save_in_hf: bool = False
+    export_dtype: str = "float32"
+    keep_latest_k: int = 10
+    load_step: int = -1
+    async_mode: str = "disabled"
+
+
+@dataclass
+class TrackingConf:
+    wandb: bool = True
+    wandb_mode: str = "auto"  # auto: online when WANDB_API_KEY is set, else offline
+    project: str = "qwen3-trainium"
+    tensorboard: bool = False
+    log_freq: int = 1
+
+
+@dataclass
+class DebugConf:
+    """torchtitan ``DebugConfig`` fields."""
+
+    seed: int | None = 42
+    deterministic: bool = False
+
+
+@dataclass
+class RunConf:
+    model: ModelConf = field(default_factory=ModelConf)
+    training: TrainingConf = field(default_factory=TrainingConf)
+    optimizer: OptimizerConf = field(default_factory=OptimizerConf)
+    lr_scheduler: LRSchedulerConf = field(default_factory=LRSchedulerConf)
+    parallel: ParallelConf = field(default_factory=ParallelConf)
+    activation_checkpoint: ActivationCheckpointConf = field(default_factory=ActivationCheckpointConf)
+    launcher: LauncherConf = field(default_factory=LauncherConf)
+    device: DeviceConf = field(default_factory=DeviceConf)
+    data: DataConf = field(default_factory=DataConf)
+    checkpoint: CheckpointConf = field(default_factory=CheckpointConf)
+    tracking: TrackingConf = field(default_factory=TrackingConf)
+    debug: DebugConf = field(default_factory=DebugConf)
+    dry_run: bool = False
+    run_name: str = ""  # W&B run name; empty: made from the command-line overrides
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="run_schema", node=RunConf)

@@ -1,0 +1,117 @@
+"""Run config -> torchtitan ``Trainer.Config``: the only place that builds one.
+
+``to_trainer_config`` is pure (same run config, same ``Trainer.Config``). ``trainer_config``
+is the zero-argument function torchtitan's entry point calls in every rank
+(``--module qwen3_trainium.titan --config trainer_config``): it reads the run directory's
+``resolved.yaml`` and translates it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from qwen3_trainium import devices, runconfig
+from qwen3_trainium.schema import ACMode, AttnBackend, RunConf
+
+RUN_DIR_ENV = "QWEN3_TRAINIUM_RUN_DIR"
+CONFIG_MODULE = "qwen3_trainium.titan"
+CONFIG_FUNCTION = "trainer_config"
+METRICS_NAME = "metrics.jsonl"
+SDPA_OVERRIDE = "qwen3_trainium.overrides.attention.document_sdpa"
+
+
+def titan_attn_backend(run: RunConf) -> str:
+    """The backend torchtitan builds; sdpa is built as varlen and swapped by an override."""
+    backend = run.model.attn_backend
+    return "varlen" if backend is AttnBackend.sdpa else backend.value
+
+
+def override_imports(run: RunConf) -> list[str]:
+    return [SDPA_OVERRIDE] if run.model.attn_backend is AttnBackend.sdpa else []
+
+
+def _optimizer(run: RunConf):
+    from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
+
+    opt = run.optimizer
+    kwargs = {"lr": opt.lr, "betas": tuple(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay}
+    return OptimizersContainer.Config(
+        param_groups=[ParamGroupConfig(pattern=r".*", optimizer_name=opt.name, optimizer_kwargs=kwargs)],
+        implementation=opt.implementation,
+    )
+
+
+def _activation_checkpoint(mode: ACMode):
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    return {ACMode.none: None, ACMode.selective: SelectiveAC.Config(), ACMode.full: FullAC.Config()}[mode]
+
+
+def _training(run: RunConf):
+    from torchtitan.config import TrainingConfig
+
+    fields = dataclasses.asdict(run.training)
+    for key in ("dtype", "mixed_precision_param", "mixed_precision_reduce"):
+        fields[key] = fields[key].value
+    # CUDA graphs are a CUDA feature; elsewhere torchtitan would only warn and run eager.
+    return TrainingConfig(**fields, disable_cuda_graphs=run.device.type.value != "cuda")
+
+
+def _metrics(run: RunConf, run_dir: str):
+    from qwen3_trainium.metrics import JsonlMetricsProcessor
+
+    track = run.tracking
+    return JsonlMetricsProcessor.Config(
+        log_freq=track.log_freq,
+        enable_wandb=track.wandb,
+        enable_tensorboard=track.tensorboard,
+        disable_color_printing=True,
+        jsonl_path=os.path.join(run_dir, METRICS_NAME),
+        # torchtitan's peak-FLOPS table falls back to A100 figures off-GPU: MFU is meaningless on CPU.
+        report_mfu=run.device.type.value != "cpu",
+    )
+
+
+def to_trainer_config(run: RunConf, run_dir: str):
+    """The torchtitan ``Trainer.Config`` for a resolved run config. Pure."""
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+    from torchtitan.components.optimizer import LRSchedulersContainer
+    from torchtitan.config import DebugConfig, OverrideConfig, ParallelismConfig
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+    from torchtitan.models.common.config_utils import decoder_vocab_size
+    from torchtitan.trainer import Trainer
+
+    from qwen3_trainium import flavors
+
+    spec = flavors.model_spec(run.model.flavor, titan_attn_backend(run))
+    if run.device.type.value == "cpu":
+        spec.parallelize_fn = devices.gloo_safe_parallelize(spec.parallelize_fn)
+    return Trainer.Config(
+        model_spec=spec,
+        hf_assets_path=run.data.hf_assets_path,
+        dump_folder=run_dir,
+        loss=ChunkedLossWrapper.Config(
+            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec))
+        ),
+        dataloader=HuggingFaceTextDataLoader.Config(
+            dataset=run.data.dataset, dataset_path=run.data.dataset_path
+        ),
+        optimizer=_optimizer(run),
+        lr_scheduler=LRSchedulersContainer.Config(**dataclasses.asdict(run.lr_scheduler)),
+        training=_training(run),
+        parallelism=ParallelismConfig(**dataclasses.asdict(run.parallel)),
+        activation_checkpoint=_activation_checkpoint(run.activation_checkpoint.mode),
+        checkpoint=CheckpointManager.Config(**dataclasses.asdict(run.checkpoint)),
+        metrics=_metrics(run, run_dir),
+        debug=DebugConfig(seed=run.debug.seed, deterministic=run.debug.deterministic),
+        override=OverrideConfig(imports=override_imports(run)),
+    )
+
+
+def trainer_config():
+    """Zero-argument config function for ``torchtitan.train --module/--config`` (rank side)."""
+    run_dir = os.environ[RUN_DIR_ENV]
+    run = runconfig.load(os.path.join(run_dir, runconfig.RESOLVED_NAME))
+    return to_trainer_config(run, run_dir)
