@@ -97,28 +97,26 @@ def _training(run: RunConf) -> list[Problem]:
 
 
 def _world_size(run: RunConf) -> list[Problem]:
-    par = run.parallel
-    world = run.launcher.nnodes * run.launcher.nproc_per_node
-    others = (
+    par, launcher = run.parallel, run.launcher
+    world = launcher.nnodes * launcher.nproc_per_node
+    fixed = (
         par.data_parallel_replicate_degree * par.tensor_parallel_degree
         * par.pipeline_parallel_degree * par.context_parallel_degree
     )  # fmt: skip
     shard = par.data_parallel_shard_degree
-    if world < 1:
+    if world < 1 or (world % fixed == 0 if shard == -1 else fixed * shard == world):
         return []
-    if shard == -1 and world % others == 0:
-        return []
-    if shard != -1 and others * shard == world:
-        return []
-    product = f"{others} x data_parallel_shard_degree({shard})"
-    return [
-        Problem(
-            "parallel", product,
-            f"the product of the parallel degrees does not match the world size "
-            f"{world} (launcher.nnodes={run.launcher.nnodes} x nproc_per_node={run.launcher.nproc_per_node})",
-            "set parallel.data_parallel_shard_degree=-1 or change the degrees / launcher.nproc_per_node",
-        )
-    ]  # fmt: skip
+    degrees = (
+        f"replicate {par.data_parallel_replicate_degree} x shard {shard} x tensor {par.tensor_parallel_degree}"
+        f" x pipeline {par.pipeline_parallel_degree} x context {par.context_parallel_degree}"
+    )
+    ranks = f"{world} ranks (launcher.nnodes={launcher.nnodes} x launcher.nproc_per_node={launcher.nproc_per_node})"
+    if shard == -1:
+        message = f"{ranks} cannot be split into groups of {fixed} (the degrees other than shard)"
+    else:
+        message = f"the degrees multiply to {fixed * shard}, but there are {ranks}"
+    fix = "parallel.data_parallel_shard_degree=-1 (shard over what is left), or change the degrees"
+    return [Problem("parallel", degrees, message, fix)]
 
 
 def _data(run: RunConf) -> list[Problem]:
