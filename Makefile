@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup smoke smoke-native test test-fast lint format bench assets clean
+.PHONY: setup smoke smoke-native smoke-hf test test-fast lint format bench bench-paths assets clean
 
 setup: $(STAMP)
 
@@ -18,6 +18,9 @@ smoke: smoke-native
 
 smoke-native: setup
 	$(PY) launch.py model=native smoke=on
+
+smoke-hf: setup
+	$(PY) launch.py model=hf smoke=on
 
 test: setup
 	$(PY) -m pytest
@@ -35,6 +38,10 @@ format: setup
 
 bench: setup
 	$(PY) bench/launch_overhead.py
+	$(PY) bench/paths.py
+
+bench-paths: setup
+	$(PY) bench/paths.py
 
 assets: setup
 	$(PY) -m qwen3_trainium.make_assets

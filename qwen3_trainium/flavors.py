@@ -10,6 +10,11 @@ from __future__ import annotations
 from functools import partial
 
 TINY_FLAVORS = ("tiny",)
+# The tiny flavor's dimensions; make_assets saves an HF Qwen3 of the same shape for model=hf.
+TINY_DIMS = dict(
+    vocab=512, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, hidden=768,
+    max_seq_len=4096, rope_theta=1e6,
+)  # fmt: skip
 
 
 def titan_flavors() -> tuple[str, ...]:
@@ -39,7 +44,10 @@ def _tiny(attn_backend: str):
     from torchtitan.models.qwen3 import Qwen3Model
     from torchtitan.models.qwen3.model import Qwen3TransformerBlock
 
-    vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden = 512, 256, 4, 4, 2, 64, 768
+    d = TINY_DIMS
+    vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden = (
+        d["vocab"], d["dim"], d["n_layers"], d["n_heads"], d["n_kv_heads"], d["head_dim"], d["hidden"]
+    )  # fmt: skip
     linear_init = {"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}
 
     def norm(size: int) -> RMSNorm.Config:
@@ -58,7 +66,7 @@ def _tiny(attn_backend: str):
                 wo_param_init=linear_init,
                 inner_attention=get_attention_config(attn_backend),
                 fuse_qkv=True,
-                rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=4096, theta=1e6),
+                rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=d["max_seq_len"], theta=d["rope_theta"]),
                 qk_norm=norm(head_dim),
             ),
             feed_forward=make_ffn_config(

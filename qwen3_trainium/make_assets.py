@@ -14,6 +14,7 @@ from pathlib import Path
 DATA_DIR = Path(__file__).parent / "data"
 CORPUS_DIR = DATA_DIR / "corpus"
 TOKENIZER_DIR = DATA_DIR / "tokenizer"
+HF_TINY_DIR = DATA_DIR / "hf" / "qwen3-tiny"  # generated, not committed (make assets / on first use)
 VOCAB_SIZE = 512
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS, "<|im_start|>", "<|im_end|>"]
@@ -83,6 +84,59 @@ def train_tokenizer(docs: list[str], out_dir: Path) -> None:
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
+def make_hf_model(out_dir: Path = HF_TINY_DIR, seed: int = 0) -> Path:
+    """A random-init Qwen3 with the ``tiny`` flavor's dimensions, saved as a complete HF
+    checkpoint directory (config.json, model.safetensors, tokenizer files). Deterministic."""
+    import shutil
+    import tempfile
+
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from qwen3_trainium.flavors import TINY_DIMS
+
+    dims = TINY_DIMS
+    from tokenizers import Tokenizer
+
+    eos_id = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json")).token_to_id(EOS)
+    config = Qwen3Config(
+        vocab_size=dims["vocab"],
+        hidden_size=dims["dim"],
+        intermediate_size=dims["hidden"],
+        num_hidden_layers=dims["n_layers"],
+        num_attention_heads=dims["n_heads"],
+        num_key_value_heads=dims["n_kv_heads"],
+        head_dim=dims["head_dim"],
+        max_position_embeddings=dims["max_seq_len"],
+        rope_parameters={"rope_type": "default", "rope_theta": dims["rope_theta"]},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        initializer_range=0.02,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    # Write beside the target, then rename: a half-written directory is never seen as done.
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out_dir.parent))
+    model.save_pretrained(tmp)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOKENIZER_DIR / name, tmp / name)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def ensure_hf_model() -> Path:
+    """The embedded tiny HF model directory, made on first use."""
+    if not (HF_TINY_DIR / "model.safetensors").is_file():
+        make_hf_model()
+    return HF_TINY_DIR
+
+
 def main() -> None:
     docs = make_corpus()
     CORPUS_DIR.mkdir(parents=True, exist_ok=True)
@@ -90,7 +144,10 @@ def main() -> None:
         for doc in docs:
             f.write(json.dumps({"text": doc}) + "\n")
     train_tokenizer(docs, TOKENIZER_DIR)
-    print(f"wrote {len(docs)} documents to {CORPUS_DIR} and a tokenizer to {TOKENIZER_DIR}")
+    make_hf_model()
+    print(
+        f"wrote {len(docs)} documents to {CORPUS_DIR}, a tokenizer to {TOKENIZER_DIR}, a tiny HF Qwen3 to {HF_TINY_DIR}"
+    )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from qwen3_trainium import flavors
 from qwen3_trainium.schema import AttnBackend, ModelPath, RunConf
 
-ISSUE_FOR_PATH = {ModelPath.hf: 3, ModelPath.nki_moe: 4}
+ISSUE_FOR_PATH = {ModelPath.nki_moe: 4}
 STREAMED_DATASETS = ("c4", "c4_validation")  # torchtitan streams these: no offline cache
 
 
@@ -38,19 +38,81 @@ def format_problems(problems: list[Problem]) -> str:
 def _model(run: RunConf) -> list[Problem]:
     path = run.model.path
     if path in ISSUE_FOR_PATH:
-        return [
-            Problem(
-                "model", path.value,
-                f"the {path.value} training path is not available yet (issue #{ISSUE_FOR_PATH[path]})",
-                "use model=native",
-            )
-        ]  # fmt: skip
+        issue = ISSUE_FOR_PATH[path]
+        message = f"the {path.value} training path is not available yet (issue #{issue})"
+        return [Problem("model", path.value, message, "use model=native or model=hf")]
+    if path is ModelPath.hf:
+        return _hf_model(run)
     known = flavors.all_flavors()
     if run.model.flavor not in known:
         return [
             Problem("model.flavor", run.model.flavor, "not a Qwen3 flavor", f"one of: {', '.join(known)}")
         ]
     return []
+
+
+def _hf_model(run: RunConf) -> list[Problem]:
+    from qwen3_trainium import hf
+
+    if hf.transformers_major() < hf.MIN_TRANSFORMERS_MAJOR:
+        import transformers
+
+        message = f"transformers {transformers.__version__} is installed; model=hf needs Transformers v5"
+        return [
+            Problem(
+                "model",
+                "hf",
+                message,
+                "pip install 'transformers>=5,<6' (make setup installs the pinned 5.x)",
+            )
+        ]
+    model = run.model.hf_model
+    if not os.path.isdir(model):
+        message = "not on this machine: no such directory, and not in the local Hugging Face cache"
+        return [Problem("model.hf_model", model, message, hf.download_hint(model))]
+    problems = []
+    if run.model.flavor != "auto":
+        message = "model=hf takes its architecture from model.hf_model's config.json"
+        problems.append(
+            Problem("model.flavor", run.model.flavor, message, "leave model.flavor=auto with model=hf")
+        )
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        problems.append(
+            Problem(
+                "model.hf_model",
+                model,
+                "no config.json in this directory",
+                "point model.hf_model at a complete HF model directory",
+            )
+        )
+    elif run.model.load_weights and not any(f.endswith(".safetensors") for f in os.listdir(model)):
+        message = "no *.safetensors weights in this directory"
+        problems.append(
+            Problem(
+                "model.hf_model",
+                model,
+                message,
+                "download the weights, or model.load_weights=false to start from random init",
+            )
+        )
+    if run.model.attn_backend is AttnBackend.varlen:
+        problems.append(
+            Problem(
+                "model.attn_backend",
+                "varlen",
+                "model=hf runs HF attention: sdpa or flex",
+                "model.attn_backend=auto",
+            )
+        )
+    return problems
+
+
+def model_vocab_size(run: RunConf) -> int:
+    if run.model.path is ModelPath.hf:
+        from qwen3_trainium import hf
+
+        return int(hf.read_config(run.model.hf_model)["vocab_size"])
+    return flavors.vocab_size(run.model.flavor)
 
 
 def _attention(run: RunConf) -> list[Problem]:
@@ -203,14 +265,15 @@ def _tokenizer_fits(run: RunConf) -> list[Problem]:
         data = json.load(f)
     ids = list(data["model"]["vocab"].values()) + [t["id"] for t in data.get("added_tokens", [])]
     vocab = max(ids) + 1
-    model_vocab = flavors.vocab_size(run.model.flavor)
+    model_vocab = model_vocab_size(run)
     if vocab <= model_vocab:
         return []
+    message = f"the tokenizer has {vocab} ids but the model ({run.model.flavor}) has vocab_size {model_vocab}"
     return [
         Problem(
             "data.hf_assets_path",
             run.data.hf_assets_path,
-            f"the tokenizer has {vocab} ids but flavor {run.model.flavor} has vocab_size {model_vocab}",
+            message,
             "use the model's own tokenizer, or a larger flavor",
         )
     ]
@@ -281,7 +344,7 @@ def missing_values(cfg) -> list[Problem]:
 def check(run: RunConf, run_dir: str, *, launching: bool) -> list[Problem]:
     problems = _model(run)
     if problems:
-        return problems
+        return problems  # the checks below need a known model
     problems += _attention(run) + _training(run) + _world_size(run) + _data(run) + _tokenizer_fits(run)
     if launching:
         problems += _device_present(run)

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from qwen3_trainium import flavors
-from qwen3_trainium.schema import AttnBackend, DeviceType, RunConf
+from qwen3_trainium.schema import AttnBackend, DeviceType, ModelPath, RunConf
 
 RESOLVED_NAME = "resolved.yaml"
 ASSETS_DIR = Path(__file__).parent / "data"
@@ -23,6 +23,7 @@ _PATH_FIELDS = (
     ("data", "dataset_path"),
     ("data", "hf_assets_path"),
     ("checkpoint", "initial_load_path"),
+    ("model", "hf_model"),
 )
 
 
@@ -48,7 +49,7 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
     if run.device.type is DeviceType.auto:
         run.device.type = DeviceType(devices.detect_device_type())
     device = run.device.type.value
-    if run.model.flavor == "auto":
+    if run.model.flavor == "auto" and run.model.path is not ModelPath.hf:
         run.model.flavor = flavors.default_flavor(device)
     if run.model.attn_backend is AttnBackend.auto:
         run.model.attn_backend = AttnBackend.flex if device == "cuda" else AttnBackend.sdpa
@@ -60,7 +61,23 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
         value = getattr(node, key)
         if value and _looks_local(value):
             setattr(node, key, os.path.abspath(os.path.join(launch_dir, os.path.expanduser(value))))
+    if run.model.path is ModelPath.hf:
+        _resolve_hf(run)
     return run
+
+
+def _resolve_hf(run: RunConf) -> None:
+    """model=hf: the model directory (made on first use if it is the embedded one; a hub id
+    found in the local cache becomes its snapshot directory) also supplies the tokenizer."""
+    from qwen3_trainium import hf, make_assets
+
+    if run.model.hf_model == str(make_assets.HF_TINY_DIR):
+        make_assets.ensure_hf_model()
+    model_dir = hf.local_model_dir(run.model.hf_model)
+    if model_dir is None:
+        return  # pre-flight reports it, with the download command
+    run.model.hf_model = model_dir
+    run.data.hf_assets_path = model_dir
 
 
 def to_yaml(run: RunConf) -> str:

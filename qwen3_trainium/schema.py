@@ -49,6 +49,8 @@ class ModelConf:
     path: ModelPath = MISSING
     flavor: str = "auto"  # a torchtitan Qwen3 flavor or one of ours; auto: by device
     attn_backend: AttnBackend = AttnBackend.auto
+    hf_model: str = ""  # model=hf: an HF model directory or a hub id in the local HF cache
+    load_weights: bool = True  # model=hf: start from hf_model's weights (else random init)
 
 
 @dataclass
@@ -151,6 +153,7 @@ class CheckpointConf:
     export_dtype: str = "float32"
     keep_latest_k: int = 10
     load_step: int = -1
+    load_only: bool = False
     async_mode: str = "disabled"
 
 

@@ -12,7 +12,7 @@ import dataclasses
 import os
 
 from qwen3_trainium import devices, runconfig
-from qwen3_trainium.schema import ACMode, AttnBackend, RunConf
+from qwen3_trainium.schema import ACMode, AttnBackend, ModelPath, RunConf
 
 RUN_DIR_ENV = "QWEN3_TRAINIUM_RUN_DIR"
 CONFIG_MODULE = "qwen3_trainium.titan"
@@ -28,7 +28,8 @@ def titan_attn_backend(run: RunConf) -> str:
 
 
 def override_imports(run: RunConf) -> list[str]:
-    return [SDPA_OVERRIDE] if run.model.attn_backend is AttnBackend.sdpa else []
+    native_sdpa = run.model.path is not ModelPath.hf and run.model.attn_backend is AttnBackend.sdpa
+    return [SDPA_OVERRIDE] if native_sdpa else []
 
 
 def _optimizer(run: RunConf):
@@ -73,28 +74,61 @@ def _metrics(run: RunConf, run_dir: str):
     )
 
 
+def _checkpoint(run: RunConf):
+    """torchtitan's checkpoint fields; model=hf adds the initial load of hf_model's weights."""
+    from torchtitan.components.checkpoint import CheckpointManager
+
+    fields = dataclasses.asdict(run.checkpoint)
+    hf_init = run.model.path is ModelPath.hf and run.model.load_weights and not fields["initial_load_path"]
+    if hf_init:
+        fields.update(
+            initial_load_path=run.model.hf_model, initial_load_in_hf=True, initial_load_model_only=True
+        )
+        if not fields["enable"]:  # load the weights, save nothing
+            fields.update(enable=True, load_only=True)
+    return CheckpointManager.Config(**fields)
+
+
+def _model_parts(run: RunConf) -> tuple[type, dict]:
+    """The Trainer.Config class and the model-specific fields (spec, loss, hf_model)."""
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+    from torchtitan.trainer import Trainer
+
+    if run.model.path is ModelPath.hf:
+        from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
+
+        from qwen3_trainium import hf
+
+        spec = hf.model_spec(run.model.hf_model, run.model.attn_backend)
+        parts = {"model_spec": spec, "loss": CrossEntropyLoss.Config(), "hf_model": run.model.hf_model}
+        config_cls = TransformersBackendConfig
+    else:
+        from torchtitan.models.common.config_utils import decoder_vocab_size
+
+        from qwen3_trainium import flavors
+
+        spec = flavors.model_spec(run.model.flavor, titan_attn_backend(run))
+        loss = ChunkedLossWrapper.Config(
+            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec))
+        )
+        parts = {"model_spec": spec, "loss": loss}
+        config_cls = Trainer.Config
+    if run.device.type.value == "cpu":
+        spec.parallelize_fn = devices.gloo_safe_parallelize(spec.parallelize_fn)
+    return config_cls, parts
+
+
 def to_trainer_config(run: RunConf, run_dir: str):
     """The torchtitan ``Trainer.Config`` for a resolved run config. Pure."""
-    from torchtitan.components.checkpoint import CheckpointManager
-    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.components.optimizer import LRSchedulersContainer
     from torchtitan.config import DebugConfig, OverrideConfig, ParallelismConfig
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
-    from torchtitan.models.common.config_utils import decoder_vocab_size
-    from torchtitan.trainer import Trainer
 
-    from qwen3_trainium import flavors
-
-    spec = flavors.model_spec(run.model.flavor, titan_attn_backend(run))
-    if run.device.type.value == "cpu":
-        spec.parallelize_fn = devices.gloo_safe_parallelize(spec.parallelize_fn)
-    return Trainer.Config(
-        model_spec=spec,
+    config_cls, model_parts = _model_parts(run)
+    return config_cls(
+        **model_parts,
         hf_assets_path=run.data.hf_assets_path,
         dump_folder=run_dir,
-        loss=ChunkedLossWrapper.Config(
-            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec))
-        ),
         dataloader=HuggingFaceTextDataLoader.Config(
             dataset=run.data.dataset, dataset_path=run.data.dataset_path
         ),
@@ -103,7 +137,7 @@ def to_trainer_config(run: RunConf, run_dir: str):
         training=_training(run),
         parallelism=ParallelismConfig(**dataclasses.asdict(run.parallel)),
         activation_checkpoint=_activation_checkpoint(run.activation_checkpoint.mode),
-        checkpoint=CheckpointManager.Config(**dataclasses.asdict(run.checkpoint)),
+        checkpoint=_checkpoint(run),
         metrics=_metrics(run, run_dir),
         debug=DebugConfig(seed=run.debug.seed, deterministic=run.debug.deterministic),
         override=OverrideConfig(imports=override_imports(run)),

@@ -52,7 +52,7 @@ def test_preflight_errors_exit_2_with_key_value_and_fix(tmp_path):
 
 
 def test_paths_not_yet_available_say_so(tmp_path):
-    proc = run_launch("model=hf", f"hydra.run.dir={tmp_path}")
+    proc = run_launch("model=nki_moe", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2
     assert "not available yet" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -61,3 +61,13 @@ def test_missing_required_value_names_the_key(tmp_path):
     proc = run_launch("data=local", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2
     assert "data.dataset_path" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_hf_hub_id_missing_offline_fails_before_launch_with_the_download_command(tmp_path):
+    proc = run_launch(
+        "model=hf", "model.hf_model=Qwen/Qwen3-4B-Instruct-2507", "smoke=on", f"hydra.run.dir={tmp_path}"
+    )
+    assert proc.returncode == 2
+    assert "hf download Qwen/Qwen3-4B-Instruct-2507 --local-dir" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "logs").exists()

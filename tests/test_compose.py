@@ -10,7 +10,7 @@ from qwen3_trainium import preflight
 from qwen3_trainium.schema import AttnBackend, DeviceType, ModelPath
 from qwen3_trainium.titan import SDPA_OVERRIDE, to_trainer_config
 
-NOT_YET = {("model", "hf"), ("model", "nki_moe")}
+NOT_YET = {("model", "nki_moe")}
 NEEDS_VALUE = {("data", "local"): ["data.dataset_path=."]}
 
 

@@ -1,0 +1,37 @@
+"""Helpers shared by the benchmarks: run a command, time it, read its metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def median_tps(run_dir: Path) -> float:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return statistics.median(r["tokens_per_second"] for r in rows[1:])  # step 1 includes warm-up
+
+
+def timed(argv: list[str], env: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, env=env or dict(os.environ), cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"run failed ({proc.returncode}): {' '.join(argv)}\n{proc.stderr[-2000:]}")
+    return wall
+
+
+def launch(run_dir: Path, overrides: list[str]) -> float:
+    """``python launch.py OVERRIDES`` into run_dir; returns the wall time."""
+    return timed([sys.executable, "launch.py", *overrides, f"hydra.run.dir={run_dir}"])
+
+
+def abba(rounds: int, kinds: tuple[str, str]) -> list[list[str]]:
+    """Interleaved order, alternating which runs first, so drift hits both alike."""
+    return [list(kinds) if r % 2 == 0 else list(reversed(kinds)) for r in range(rounds)]
