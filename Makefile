@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup smoke smoke-native smoke-hf test test-fast lint format bench bench-paths assets clean
+.PHONY: setup smoke smoke-native smoke-hf smoke-nki-moe test test-fast lint format bench bench-paths assets clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,9 @@ smoke-native: setup
 
 smoke-hf: setup
 	$(PY) launch.py model=hf smoke=on
+
+smoke-nki-moe: setup
+	$(PY) launch.py model=nki_moe smoke=on
 
 test: setup
 	$(PY) -m pytest
@@ -39,6 +42,7 @@ format: setup
 bench: setup
 	$(PY) bench/launch_overhead.py
 	$(PY) bench/paths.py
+	$(PY) bench/kernels.py
 
 bench-paths: setup
 	$(PY) bench/paths.py

@@ -9,7 +9,6 @@ calls ``torch.cpu`` lacks; on neuron and cuda it changes nothing.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import platform
 from dataclasses import dataclass
@@ -28,17 +27,15 @@ class DeviceInfo:
 
 def detect_device_type() -> str:
     """neuron if TorchNeuron sees a device, else cuda if CUDA does, else cpu."""
-    if importlib.util.find_spec("torch_neuronx") is not None:
-        try:
-            import torch
-            import torch_neuronx  # noqa: F401
-
-            if getattr(torch, "neuron", None) is not None and torch.neuron.device_count():
-                return "neuron"
-        except Exception:  # the PyPI placeholder raises on import
-            pass
     import torch
 
+    try:  # PyPI's torch-neuronx is a placeholder that raises on import
+        import torch_neuronx  # noqa: F401
+
+        if getattr(torch, "neuron", None) is not None and torch.neuron.device_count():
+            return "neuron"
+    except Exception:
+        pass
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 

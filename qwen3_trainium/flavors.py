@@ -1,4 +1,5 @@
-"""Qwen3 model specs: torchtitan's flavors plus ``tiny``, a 3M-parameter dense Qwen3 for CPU.
+"""Qwen3 model specs: torchtitan's flavors plus two for CPU: ``tiny`` (3.3M-parameter dense
+Qwen3) and ``tiny_moe`` (the same with 8-expert top-2 MoE layers).
 
 ``tiny`` is built with torchtitan's public per-layer builders, so it is the same Qwen3
 architecture (GQA with QK-norm, SwiGLU, CosSinRoPE, tied embeddings) at a size where a
@@ -9,12 +10,15 @@ from __future__ import annotations
 
 from functools import partial
 
-TINY_FLAVORS = ("tiny",)
+TINY_FLAVORS = ("tiny", "tiny_moe")
+MOE_FLAVORS = ("tiny_moe", "debugmodel_moe", "30B-A3B", "235B-A22B")
 # The tiny flavor's dimensions; make_assets saves an HF Qwen3 of the same shape for model=hf.
 TINY_DIMS = dict(
     vocab=512, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, hidden=768,
     max_seq_len=4096, rope_theta=1e6,
 )  # fmt: skip
+# tiny_moe: the same attention, every layer an MoE of 8 experts, top-2 (Qwen3-MoE routing).
+TINY_MOE_DIMS = dict(num_experts=8, top_k=2, moe_hidden=256)
 
 
 def titan_flavors() -> tuple[str, ...]:
@@ -27,17 +31,22 @@ def all_flavors() -> tuple[str, ...]:
     return TINY_FLAVORS + titan_flavors()
 
 
-def default_flavor(device_type: str) -> str:
-    return "tiny" if device_type == "cpu" else "0.6B"
+def default_flavor(device_type: str, moe: bool = False) -> str:
+    if device_type == "cpu":
+        return "tiny_moe" if moe else "tiny"
+    return "30B-A3B" if moe else "0.6B"
 
 
-def _tiny(attn_backend: str):
+def _tiny(attn_backend: str, moe: bool = False):
     import torch.nn as nn
     from torchtitan.models.common import CosSinRoPE, Embedding, Linear
     from torchtitan.models.common.config_utils import (
         get_attention_config,
         make_ffn_config,
         make_gqa_config,
+        make_moe_config,
+        make_routed_experts_config,
+        make_router_config,
     )
     from torchtitan.models.common.nn_modules import RMSNorm
     from torchtitan.models.common.param_init import skip_param_init
@@ -69,18 +78,36 @@ def _tiny(attn_backend: str):
                 rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=d["max_seq_len"], theta=d["rope_theta"]),
                 qk_norm=norm(head_dim),
             ),
-            feed_forward=make_ffn_config(
-                dim=dim, hidden_dim=hidden, w1_param_init=linear_init, w2w3_param_init=linear_init
-            ),
+            **({"moe": moe_layer()} if moe else {"feed_forward": ffn_layer()}),
         )
+
+    def ffn_layer():
+        return make_ffn_config(
+            dim=dim, hidden_dim=hidden, w1_param_init=linear_init, w2w3_param_init=linear_init
+        )
+
+    def moe_layer():
+        m = TINY_MOE_DIMS
+        experts_init = {name: linear_init["weight"] for name in ("w1_EFD", "w2_EDF", "w3_EFD")}
+        router = make_router_config(
+            dim=dim, num_experts=m["num_experts"], gate_param_init=linear_init,
+            top_k=m["top_k"], score_func="softmax", route_norm=True,
+        )  # fmt: skip
+        routed = make_routed_experts_config(
+            dim=dim, hidden_dim=m["moe_hidden"], num_experts=m["num_experts"], top_k=m["top_k"],
+            param_init=experts_init, comm_backend="standard",
+        )  # fmt: skip
+        return make_moe_config(num_experts=m["num_experts"], router=router, routed_experts=routed)
 
     return Qwen3Model.Config(
         vocab_size=vocab,
         dim=dim,
         norm=norm(dim),
-        enable_weight_tying=True,
+        enable_weight_tying=not moe,  # like torchtitan's MoE flavors
         tok_embeddings=Embedding.Config(
-            num_embeddings=vocab, embedding_dim=dim, param_init={"weight": skip_param_init}
+            num_embeddings=vocab,
+            embedding_dim=dim,
+            param_init={"weight": skip_param_init if not moe else linear_init["weight"]},
         ),
         lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=linear_init),
         layers=[block() for _ in range(n_layers)],
@@ -95,13 +122,13 @@ def model_spec(flavor: str, titan_attn_backend: str):
         return model_registry(flavor, attn_backend=titan_attn_backend)
     spec = model_registry("debugmodel", attn_backend=titan_attn_backend)
     spec.flavor = flavor
-    spec.model = _tiny(titan_attn_backend)
+    spec.model = _tiny(titan_attn_backend, moe=flavor in MOE_FLAVORS)
     return spec
 
 
 def vocab_size(flavor: str) -> int:
     if flavor in TINY_FLAVORS:
-        return _tiny("flex").vocab_size
+        return TINY_DIMS["vocab"]
     from torchtitan.models.qwen3 import qwen3_configs
 
     return qwen3_configs[flavor]("flex").vocab_size

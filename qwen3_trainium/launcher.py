@@ -13,7 +13,7 @@ import sys
 
 from omegaconf import DictConfig
 
-from qwen3_trainium import devices, preflight, runconfig, tracking
+from qwen3_trainium import devices, preflight, runconfig, titan, tracking
 from qwen3_trainium.schema import RunConf
 from qwen3_trainium.titan import CONFIG_FUNCTION, CONFIG_MODULE, RUN_DIR_ENV
 
@@ -65,7 +65,10 @@ def rank_env(run: RunConf, run_dir: str, environ: dict[str, str]) -> dict[str, s
 
 
 def describe(run: RunConf, argv: list[str], env: dict[str, str]) -> str:
-    lines = ["# resolved config", runconfig.to_yaml(run).rstrip(), "", "# torchrun command"]
+    lines = ["# resolved config", runconfig.to_yaml(run).rstrip(), ""]
+    lines += ["# override.imports (applied by torchtitan in each rank, in this order)"]
+    lines += [f"- {entry}" for entry in titan.override_imports(run)] or ["(none)"]
+    lines += ["", "# torchrun command"]
     lines.append(shlex.join(argv))
     lines += ["", "# environment (added to the current one)"]
     lines += [f"{key}={shlex.quote(value)}" for key, value in sorted(env.items())]

@@ -6,16 +6,15 @@ user error: it returns the list, and the launcher prints it and exits non-zero.
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import logging
 import os
 import socket
 from dataclasses import dataclass
 
-from qwen3_trainium import flavors
+from qwen3_trainium import devices, flavors
 from qwen3_trainium.schema import AttnBackend, ModelPath, RunConf
 
-ISSUE_FOR_PATH = {ModelPath.nki_moe: 4}
 STREAMED_DATASETS = ("c4", "c4_validation")  # torchtitan streams these: no offline cache
 
 
@@ -36,19 +35,90 @@ def format_problems(problems: list[Problem]) -> str:
 
 
 def _model(run: RunConf) -> list[Problem]:
-    path = run.model.path
-    if path in ISSUE_FOR_PATH:
-        issue = ISSUE_FOR_PATH[path]
-        message = f"the {path.value} training path is not available yet (issue #{issue})"
-        return [Problem("model", path.value, message, "use model=native or model=hf")]
-    if path is ModelPath.hf:
+    if run.model.path is ModelPath.hf:
         return _hf_model(run)
     known = flavors.all_flavors()
     if run.model.flavor not in known:
         return [
             Problem("model.flavor", run.model.flavor, "not a Qwen3 flavor", f"one of: {', '.join(known)}")
         ]
+    return _kernels(run)
+
+
+def _kernels(run: RunConf) -> list[Problem]:
+    from qwen3_trainium.kernels import KERNEL_OVERRIDES
+
+    kernels, model = run.model.kernels, run.model
+    if kernels and model.path is not ModelPath.nki_moe:
+        message = f"kernels are swapped in by model=nki_moe, not model={model.path.value}"
+        return [Problem("model.kernels", kernels, message, "model=nki_moe (or model.kernels=[])")]
+    unknown = [k for k in kernels if k not in KERNEL_OVERRIDES]
+    if unknown:
+        return [
+            Problem("model.kernels", unknown, "unknown kernel", f"a list of: {', '.join(KERNEL_OVERRIDES)}")
+        ]
+    problems = []
+    if model.path is ModelPath.nki_moe and model.flavor not in flavors.MOE_FLAVORS:
+        fix = f"one of: {', '.join(flavors.MOE_FLAVORS)}"
+        problems.append(Problem("model.flavor", model.flavor, "model=nki_moe trains a Qwen3-MoE flavor", fix))
+    if "rope_hf" in kernels:
+        problems += _rope_seq_len(run)
+    if "moe_experts" in kernels:
+        problems += _moe_kernel(run)
+    return problems
+
+
+def _rope_seq_len(run: RunConf) -> list[Problem]:
+    """rope_hf's rule, on every device: a config validated here must be valid on trn2."""
+    from qwen3_trainium.kernels.rope import check_seq_len, seq_multiple
+
+    try:
+        check_seq_len(run.training.seq_len, run.device.lnc)
+    except ValueError as err:
+        fix = f"training.seq_len=<a multiple of {seq_multiple(run.device.lnc)}>, or model.kernels without rope_hf"
+        return [Problem("training.seq_len", run.training.seq_len, f"ValueError: {err}", fix)]
     return []
+
+
+def _moe_kernel(run: RunConf) -> list[Problem]:
+    from qwen3_trainium.kernels.moe import BLOCK_SIZES
+
+    model, par = run.model, run.parallel
+    problems = []
+    if model.moe_block_size not in BLOCK_SIZES:
+        message = "the NKI MoE kernels take blocks of 256, 512 or 1024 tokens"
+        problems.append(
+            Problem("model.moe_block_size", model.moe_block_size, message, "model.moe_block_size=256")
+        )
+    degrees = {
+        "expert_parallel_degree": par.expert_parallel_degree,
+        "tensor_parallel_degree": par.tensor_parallel_degree,
+    }
+    for key, degree in degrees.items():
+        if degree != 1:
+            message = "the blockwise MoE kernel replaces torchtitan's token dispatch: experts stay whole on each rank"
+            fix = f"parallel.{key}=1, or model.kernels without moe_experts"
+            problems.append(Problem(f"parallel.{key}", degree, message, fix))
+    if run.device.type.value == "neuron":
+        problems += _moe_dims_on_neuron(run)
+    return problems
+
+
+def _moe_dims_on_neuron(run: RunConf) -> list[Problem]:
+    """moe_cte / blockwise_mm_bwd shape rules (Neuron only: elsewhere the reference runs)."""
+    spec = flavors.model_spec(run.model.flavor, "flex")
+    layer = next(layer for layer in spec.model.layers if getattr(layer, "moe", None) is not None)
+    experts = layer.moe.routed_experts.inner_experts
+    dim, inter, lnc = experts.dim, experts.hidden_dim, run.device.lnc
+    fits_h = dim % 512 == 0 and 512 <= dim <= 8192 and (dim // lnc) % 32 == 0
+    if fits_h and inter % 16 == 0 and (inter // lnc) % 32 == 0:
+        return []
+    message = (
+        f"hidden size {dim} / expert size {inter} do not fit the NKI MoE kernels "
+        "(H a multiple of 512 in [512, 8192], I a multiple of 32 per core)"
+    )
+    fix = "a larger flavor (30B-A3B, 235B-A22B), or model.kernels without moe_experts"
+    return [Problem("model.flavor", run.model.flavor, message, fix)]
 
 
 def _hf_model(run: RunConf) -> list[Problem]:
@@ -293,12 +363,12 @@ def _device_present(run: RunConf) -> list[Problem]:
                     "device=cpu (or device=auto), or dry_run=true to only validate",
                 )
             ]
-    if device == "neuron" and importlib.util.find_spec("torch_neuronx") is None:
+    if device == "neuron" and devices.detect_device_type() != "neuron":
         return [
             Problem(
                 "device",
                 device,
-                "torch-neuronx is not installed (Trainium hosts install it from the Neuron pip repository)",
+                "no Neuron device here (torch-neuronx missing, or it sees no NeuronCore; Trainium hosts install it from the Neuron pip repository)",
                 "device=auto, or dry_run=true to only validate a Trainium config here",
             )
         ]
@@ -314,11 +384,18 @@ def _titan(run: RunConf, run_dir: str) -> list[Problem]:
 
     from qwen3_trainium.titan import to_trainer_config
 
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))  # rank 0 logs torchtitan's own INFO and warnings; once is enough
     try:
         cfg = to_trainer_config(run, run_dir)
         trial = copy.deepcopy(cfg)
         trial.model_spec.model.update_from_config(config=trial)
-        apply_overrides(trial.override, trial)
+        try:
+            apply_overrides(trial.override, trial)
+        except (ValueError, TypeError, ImportError) as err:  # conflicts name both overrides
+            fix = "drop one of them (override.imports, model.kernels) or narrow its fqns"
+            return [Problem("override.imports", [str(e) for e in trial.override.imports], str(err), fix)]
     except (ValueError, TypeError, AssertionError, ImportError, NotImplementedError) as err:
         return [
             Problem(
@@ -328,6 +405,8 @@ def _titan(run: RunConf, run_dir: str) -> list[Problem]:
                 "change the value it names",
             )
         ]
+    finally:
+        root.setLevel(level)
     return []
 
 

@@ -50,7 +50,7 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
         run.device.type = DeviceType(devices.detect_device_type())
     device = run.device.type.value
     if run.model.flavor == "auto" and run.model.path is not ModelPath.hf:
-        run.model.flavor = flavors.default_flavor(device)
+        run.model.flavor = flavors.default_flavor(device, moe=run.model.path is ModelPath.nki_moe)
     if run.model.attn_backend is AttnBackend.auto:
         run.model.attn_backend = AttnBackend.flex if device == "cuda" else AttnBackend.sdpa
     if run.launcher.nproc_per_node == -1:

@@ -51,6 +51,9 @@ class ModelConf:
     attn_backend: AttnBackend = AttnBackend.auto
     hf_model: str = ""  # model=hf: an HF model directory or a hub id in the local HF cache
     load_weights: bool = True  # model=hf: start from hf_model's weights (else random init)
+    kernels: list[str] = field(default_factory=list)  # model=nki_moe: rope_hf, moe_experts
+    moe_block_size: int = 256  # model=nki_moe: tokens per expert block (256, 512, 1024)
+    moe_compute_dtype: Dtype = Dtype.bfloat16  # expert matmuls (bf16: torchtitan's and NKI's)
 
 
 @dataclass
@@ -167,6 +170,13 @@ class TrackingConf:
 
 
 @dataclass
+class OverrideConf:
+    """torchtitan ``OverrideConfig``: extra ``@override`` factories (``module.function``)."""
+
+    imports: list[str] = field(default_factory=list)
+
+
+@dataclass
 class DebugConf:
     """torchtitan ``DebugConfig`` fields."""
 
@@ -188,6 +198,7 @@ class RunConf:
     checkpoint: CheckpointConf = field(default_factory=CheckpointConf)
     tracking: TrackingConf = field(default_factory=TrackingConf)
     debug: DebugConf = field(default_factory=DebugConf)
+    override: OverrideConf = field(default_factory=OverrideConf)
     dry_run: bool = False
     run_name: str = ""  # W&B run name; empty: made from the command-line overrides
 

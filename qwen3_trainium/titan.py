@@ -27,9 +27,24 @@ def titan_attn_backend(run: RunConf) -> str:
     return "varlen" if backend is AttnBackend.sdpa else backend.value
 
 
-def override_imports(run: RunConf) -> list[str]:
-    native_sdpa = run.model.path is not ModelPath.hf and run.model.attn_backend is AttnBackend.sdpa
-    return [SDPA_OVERRIDE] if native_sdpa else []
+def override_imports(run: RunConf) -> list:
+    """torchtitan ``override.imports``: attention, kernels, then the user's own entries."""
+    from qwen3_trainium.kernels import KERNEL_OVERRIDES
+
+    imports: list = []
+    if run.model.path is not ModelPath.hf and run.model.attn_backend is AttnBackend.sdpa:
+        imports.append(SDPA_OVERRIDE)
+    for kernel in run.model.kernels:
+        target = KERNEL_OVERRIDES[kernel]
+        if kernel == "moe_experts":
+            options = {
+                "block_size": run.model.moe_block_size,
+                "compute_dtype": run.model.moe_compute_dtype.value,
+            }
+            imports.append((target, options))
+        else:
+            imports.append(target)
+    return imports + list(run.override.imports)
 
 
 def _optimizer(run: RunConf):

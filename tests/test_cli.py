@@ -51,12 +51,6 @@ def test_preflight_errors_exit_2_with_key_value_and_fix(tmp_path):
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
-def test_paths_not_yet_available_say_so(tmp_path):
-    proc = run_launch("model=nki_moe", f"hydra.run.dir={tmp_path}")
-    assert proc.returncode == 2
-    assert "not available yet" in proc.stderr and "Traceback" not in proc.stderr
-
-
 def test_missing_required_value_names_the_key(tmp_path):
     proc = run_launch("data=local", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2

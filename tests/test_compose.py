@@ -10,7 +10,6 @@ from qwen3_trainium import preflight
 from qwen3_trainium.schema import AttnBackend, DeviceType, ModelPath
 from qwen3_trainium.titan import SDPA_OVERRIDE, to_trainer_config
 
-NOT_YET = {("model", "nki_moe")}
 NEEDS_VALUE = {("data", "local"): ["data.dataset_path=."]}
 
 
@@ -19,11 +18,7 @@ def test_every_shipped_option_composes_and_passes_preflight(group, option, tmp_p
     overrides = [f"{group}={option}", *NEEDS_VALUE.get((group, option), [])]
     run = resolve(*overrides)
     problems = preflight.check(run, str(tmp_path), launching=False)
-    if (group, option) in NOT_YET:
-        assert [p.key for p in problems] == ["model"]
-        assert "not available yet" in problems[0].message
-    else:
-        assert problems == [], preflight.format_problems(problems)
+    assert problems == [], preflight.format_problems(problems)
 
 
 def test_defaults_resolve_for_cpu():

@@ -1,0 +1,239 @@
+"""Blockwise MoE: block packing, parity with torchtitan's MoE, gradcheck, the Neuron wrapper contract."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torchtitan.config import apply_overrides
+from torchtitan.models.common.moe import GroupedExperts, MoE
+
+from qwen3_trainium import flavors
+from qwen3_trainium.kernels import moe, moe_nki
+
+
+def _routing(num_tokens=50, top_k=2, num_experts=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)])
+    scores = torch.rand(num_tokens, top_k, generator=gen)
+    return ids, scores
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "top_k", "num_experts", "block"), [(50, 2, 4, 256), (700, 8, 16, 256), (300, 2, 8, 512)]
+)
+def test_pack_blocks_places_every_assignment_once_in_its_experts_blocks(
+    num_tokens, top_k, num_experts, block
+):
+    ids, _ = _routing(num_tokens, top_k, num_experts)
+    tpid, b2e = moe.pack_blocks(ids, num_experts, block)
+    n_blocks = moe.num_blocks(num_tokens, top_k, num_experts, block)
+    assert tpid.dtype == b2e.dtype == torch.int32
+    assert tpid.shape == (n_blocks * block,) and b2e.shape == (n_blocks,)
+    assert torch.all(b2e[1:] >= b2e[:-1])  # contiguous runs in expert order
+    slots = tpid.view(n_blocks, block).long()
+    for e in range(num_experts):
+        tokens = slots[b2e == e].flatten()
+        tokens = tokens[tokens != num_tokens]  # padding slots point at row T
+        want = torch.nonzero((ids == e).any(1)).flatten()
+        assert torch.equal(tokens, want)  # each token once, in token order
+    counts = torch.bincount(ids.flatten(), minlength=num_experts)
+    assert int((tpid != num_tokens).sum()) == num_tokens * top_k
+    needed = (counts + block - 1) // block
+    assert torch.equal(
+        torch.bincount(b2e.long(), minlength=num_experts)[:-1], needed[:-1]
+    )  # spares: last expert
+
+
+class Float32GroupedExperts(GroupedExperts):
+    """torchtitan's GroupedExperts minus its hard-coded bfloat16 casts (for a float32 comparison)."""
+
+    def forward(self, x_RD, num_tokens_per_expert_E):
+        offsets = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
+        h = F.silu(torch._grouped_mm(x_RD, self.w1_EFD.transpose(-2, -1), offs=offsets))
+        h = h * torch._grouped_mm(x_RD, self.w3_EFD.transpose(-2, -1), offs=offsets)
+        return torch._grouped_mm(h, self.w2_EDF.transpose(-2, -1), offs=offsets)
+
+
+def _moe_pair(compute_dtype: str, float32_reference: bool):
+    """torchtitan's MoE layer of tiny_moe and the same layer with the moe_experts override."""
+    from torchtitan.config import OverrideConfig
+
+    spec = flavors.model_spec("tiny_moe", "varlen")
+    spec.model.layers = spec.model.layers[:1]
+    titan_cfg = copy.deepcopy(spec.model.layers[0].moe)
+    entry = ("qwen3_trainium.overrides.nki.moe_experts", {"block_size": 256, "compute_dtype": compute_dtype})
+    apply_overrides(OverrideConfig(imports=[entry]), spec)  # the same swap a rank makes
+    ours_cfg = spec.model.layers[0].moe
+    torch.manual_seed(0)
+    titan, ours = MoE(titan_cfg), MoE(ours_cfg)
+    with torch.no_grad():
+        for module in (titan, ours):
+            for name, p in module.named_parameters():
+                p.copy_(
+                    torch.randn(p.shape, generator=torch.Generator().manual_seed(hash(name) % 2**31)) * 0.1
+                )
+            module.expert_bias_E.zero_()
+    if float32_reference:
+        titan.routed_experts.inner_experts.__class__ = Float32GroupedExperts
+    return titan, ours
+
+
+def _run(module, x):
+    x = x.clone().requires_grad_()
+    out = module(x)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    out.backward(grad_out)
+    grads = {name: p.grad.clone() for name, p in module.named_parameters()}
+    return out.detach(), x.grad, grads
+
+
+def test_float32_reference_matches_torchtitan_moe_outputs_and_all_gradients():
+    titan, ours = _moe_pair("float32", float32_reference=True)
+    x = torch.randn(2, 256, 256, generator=torch.Generator().manual_seed(2))
+    out_t, dx_t, g_t = _run(titan, x)
+    out_o, dx_o, g_o = _run(ours, x)
+    pairs = {"out": (out_t, out_o), "x.grad": (dx_t, dx_o)} | {f"{n}.grad": (g_t[n], g_o[n]) for n in g_t}
+    report = {
+        k: f"{(a - b).abs().max().item():.2e} (|ref| max {a.abs().max().item():.1f})"
+        for k, (a, b) in pairs.items()
+    }
+    print("max abs diff, float32 reference vs torchtitan MoE:", report)
+    assert set(g_t) == set(g_o) and "router.gate.weight" in g_t
+    for name, (a, b) in pairs.items():  # weight grads are sums over all tokens: 1e-5 of their size
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_bfloat16_compute_matches_stock_torchtitan_forward_exactly():
+    titan, ours = _moe_pair("bfloat16", float32_reference=False)
+    x = torch.randn(1, 256, 256, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(titan(x), ours(x))
+
+
+def _op_args(dtype, num_tokens=20, top_k=2, num_experts=3, dim=8, inter=6, block=256):
+    ids, scores = _routing(num_tokens, top_k, num_experts, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.cat(
+        [torch.randn(num_tokens, dim, generator=gen, dtype=dtype), torch.zeros(1, dim, dtype=dtype)]
+    )
+    affinities = moe.dense_affinities(scores.to(dtype), ids, num_experts)
+    gate_up = torch.randn(num_experts, dim, 2, inter, generator=gen, dtype=dtype)
+    down = torch.randn(num_experts, inter, dim, generator=gen, dtype=dtype)
+    tpid, b2e = moe.pack_blocks(ids, num_experts, block)
+    return hidden, affinities, gate_up, down, tpid, b2e, block
+
+
+def test_op_gradcheck_float64():
+    hidden, aff, gate_up, down, tpid, b2e, block = _op_args(torch.float64)
+    inputs = tuple(t.requires_grad_() for t in (hidden, aff, gate_up, down))
+
+    def op(h, a, g, d):
+        return moe.moe_blockwise(h, a, g, d, tpid, b2e, block, "float64")[0]
+
+    assert torch.autograd.gradcheck(op, inputs)
+
+
+def test_opcheck_fake_and_autograd_registration():
+    hidden, aff, gate_up, down, tpid, b2e, block = _op_args(torch.float32)
+    args = (hidden.requires_grad_(), aff, gate_up.requires_grad_(), down, tpid, b2e, block, "float32")
+    # The reference backward walks the block map on the host, so it is not traced by AOT autograd
+    # with dynamic shapes (on Neuron the backward is the NKI kernel): schema, fake and autograd checks.
+    checks = ("test_schema", "test_autograd_registration", "test_faketensor")
+    torch.library.opcheck(moe.moe_blockwise, args, test_utils=checks)
+
+
+class StandInMoE:
+    """Stands in for moe_cte / blockwise_mm_bwd: enforces their documented contract, computes with the reference."""
+
+    FORWARD_KEYS = {
+        "hidden_states", "expert_affinities_masked", "gate_up_proj_weight", "down_proj_weight",
+        "token_position_to_id", "block_to_expert", "block_size", "is_tensor_update_accumulating",
+        "spec", "activation_function", "expert_affinities_scaling_mode",
+    }  # fmt: skip
+
+    def __init__(self, lnc):
+        self.lnc = lnc
+
+    def forward(self, **kw):
+        assert set(kw) == self.FORWARD_KEYS, set(kw) ^ self.FORWARD_KEYS
+        args = [
+            kw[k]
+            for k in ("hidden_states", "expert_affinities_masked", "gate_up_proj_weight", "down_proj_weight")
+        ]
+        moe_nki.check_contract(
+            *args, kw["token_position_to_id"], kw["block_to_expert"], kw["block_size"], self.lnc
+        )
+        t_pad = kw["hidden_states"].shape[0] - 1
+        assert torch.all(kw["hidden_states"][t_pad] == 0), "padding row T must be zero"
+        assert torch.all(kw["expert_affinities_masked"].view(t_pad + 1, -1)[t_pad] == 0)
+        assert int(kw["token_position_to_id"].max()) <= t_pad, "empty slots point at the padding row"
+        return moe.moe_reference(
+            *args, kw["token_position_to_id"], kw["block_to_expert"], kw["block_size"], args[0].dtype
+        )
+
+    def backward(
+        self,
+        hidden,
+        aff,
+        gate_up,
+        down,
+        gu_act,
+        down_act,
+        tpid,
+        b2e,
+        grad_out,
+        *,
+        block_size,
+        is_tensor_update_accumulating,
+    ):
+        moe_nki.check_contract(hidden, aff, gate_up, down, tpid, b2e, block_size, self.lnc)
+        assert gu_act.shape == (b2e.numel(), 2, gate_up.shape[-1], block_size), (
+            "gate_up checkpoint [N, 2, I, B]"
+        )
+        assert down_act.shape == (b2e.numel(), block_size, hidden.shape[1]), "down checkpoint [N, B, H]"
+        assert grad_out.shape == hidden.shape
+        return moe.moe_reference_backward(
+            grad_out, hidden, aff, gate_up, down, tpid, b2e, gu_act, down_act, block_size
+        )
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_neuron_wrapper_meets_the_kernel_contract(lnc):
+    args = _op_args(torch.float32, num_tokens=64, num_experts=4, dim=512, inter=64)
+    stand_in = StandInMoE(lnc)
+    out, gu_act, down_act = moe_nki.forward(*args, "float32", kernel=stand_in.forward, options={
+        "spec": None, "activation_function": "silu", "expert_affinities_scaling_mode": "post_scale"}, lnc=lnc)  # fmt: skip
+    ref = moe.moe_reference(*args, torch.float32)
+    assert torch.equal(out, ref[0]) and torch.equal(gu_act, ref[1]) and torch.equal(down_act, ref[2])
+    grad_out = torch.randn_like(out)
+    hidden, aff, gate_up, down, tpid, b2e, block = args
+    grads = moe_nki.backward(
+        grad_out,
+        hidden,
+        aff,
+        gate_up,
+        down,
+        tpid,
+        b2e,
+        gu_act,
+        down_act,
+        block,
+        kernel=stand_in.backward,
+        lnc=lnc,
+    )
+    want = moe.moe_reference_backward(
+        grad_out, hidden, aff, gate_up, down, tpid, b2e, gu_act, down_act, block
+    )
+    assert all(torch.equal(a, b) for a, b in zip(grads, want, strict=True))
+
+
+def test_contract_violations_are_clear_errors():
+    args = list(_op_args(torch.float32, dim=256, inter=64))
+    with pytest.raises(ValueError, match="hidden size must be a multiple of 512"):
+        moe_nki.check_contract(*args, lnc=2)
+    args = list(_op_args(torch.float32, dim=512, inter=64, block=128))
+    with pytest.raises(ValueError, match="block_size must be 256, 512 or 1024"):
+        moe_nki.check_contract(*args, lnc=2)
