@@ -1,0 +1,51 @@
+"""Every check that can fail before a process starts, reported all together.
+
+Each problem names the config key, the bad value and the fix. ``check`` never raises for a
+user error: it returns the list, and the launcher prints it and exits non-zero.
+"""
+
+from __future__ import annotations
+
+from qwen3_trainium.preflight.data import check_data, check_hub_dataset, check_tokenizer_fits, needs_hub
+from qwen3_trainium.preflight.model import check_model
+from qwen3_trainium.preflight.problem import Problem, format_problems
+from qwen3_trainium.preflight.run import (
+    check_attention,
+    check_device_present,
+    check_titan,
+    check_training,
+    check_world_size,
+)
+from qwen3_trainium.schema import RunConf
+
+__all__ = ["Problem", "check", "format_problems", "missing_values"]
+
+
+def missing_values(cfg) -> list[Problem]:
+    """Required values (``???``) nobody set: reported before the config is resolved."""
+    from omegaconf import OmegaConf
+
+    return [
+        Problem(key, "???", "a required value is not set", f"{key}=<value> on the command line")
+        for key in sorted(OmegaConf.missing_keys(cfg))
+    ]
+
+
+def check(run: RunConf, run_dir: str, *, launching: bool) -> list[Problem]:
+    problems = check_model(run)
+    if problems:
+        return problems  # the checks below need a known model
+    problems += (
+        check_attention(run)
+        + check_training(run)
+        + check_world_size(run)
+        + check_data(run)
+        + check_tokenizer_fits(run)
+    )
+    if launching:
+        problems += check_device_present(run)
+        if needs_hub(run) and not problems:
+            problems += check_hub_dataset(run)
+    if not problems:
+        problems += check_titan(run, run_dir)
+    return problems

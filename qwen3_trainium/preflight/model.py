@@ -1,0 +1,160 @@
+"""Pre-flight checks of the model group: flavor, the hf directory, the nki_moe kernels."""
+
+from __future__ import annotations
+
+import os
+
+from qwen3_trainium import flavors
+from qwen3_trainium.preflight.problem import Problem
+from qwen3_trainium.schema import AttnBackend, ModelPath, RunConf
+
+
+def check_model(run: RunConf) -> list[Problem]:
+    if run.model.path is ModelPath.hf:
+        return _hf_model(run)
+    known = flavors.all_flavors()
+    if run.model.flavor not in known:
+        return [
+            Problem("model.flavor", run.model.flavor, "not a Qwen3 flavor", f"one of: {', '.join(known)}")
+        ]
+    return _kernels(run)
+
+
+def _kernels(run: RunConf) -> list[Problem]:
+    from qwen3_trainium.kernels import KERNEL_OVERRIDES
+
+    kernels, model = run.model.kernels, run.model
+    if kernels and model.path is not ModelPath.nki_moe:
+        message = f"kernels are swapped in by model=nki_moe, not model={model.path.value}"
+        return [Problem("model.kernels", kernels, message, "model=nki_moe (or model.kernels=[])")]
+    unknown = [k for k in kernels if k not in KERNEL_OVERRIDES]
+    if unknown:
+        return [
+            Problem("model.kernels", unknown, "unknown kernel", f"a list of: {', '.join(KERNEL_OVERRIDES)}")
+        ]
+    problems = []
+    if model.path is ModelPath.nki_moe and model.flavor not in flavors.MOE_FLAVORS:
+        fix = f"one of: {', '.join(flavors.MOE_FLAVORS)}"
+        problems.append(Problem("model.flavor", model.flavor, "model=nki_moe trains a Qwen3-MoE flavor", fix))
+    if "rope_hf" in kernels:
+        problems += _rope_seq_len(run)
+    if "moe_experts" in kernels:
+        problems += _moe_kernel(run)
+    return problems
+
+
+def _rope_seq_len(run: RunConf) -> list[Problem]:
+    """rope_hf's rule, on every device: a config validated here must be valid on trn2."""
+    from qwen3_trainium.kernels.rope import check_seq_len, seq_multiple
+
+    try:
+        check_seq_len(run.training.seq_len, run.device.lnc)
+    except ValueError as err:
+        fix = f"training.seq_len=<a multiple of {seq_multiple(run.device.lnc)}>, or model.kernels without rope_hf"
+        return [Problem("training.seq_len", run.training.seq_len, f"ValueError: {err}", fix)]
+    return []
+
+
+def _moe_kernel(run: RunConf) -> list[Problem]:
+    from qwen3_trainium.kernels.moe import BLOCK_SIZES
+
+    model, par = run.model, run.parallel
+    problems = []
+    if model.moe_block_size not in BLOCK_SIZES:
+        message = "the NKI MoE kernels take blocks of 256, 512 or 1024 tokens"
+        problems.append(
+            Problem("model.moe_block_size", model.moe_block_size, message, "model.moe_block_size=256")
+        )
+    degrees = {
+        "expert_parallel_degree": par.expert_parallel_degree,
+        "tensor_parallel_degree": par.tensor_parallel_degree,
+    }
+    for key, degree in degrees.items():
+        if degree != 1:
+            message = "the blockwise MoE kernel replaces torchtitan's token dispatch: experts stay whole on each rank"
+            fix = f"parallel.{key}=1, or model.kernels without moe_experts"
+            problems.append(Problem(f"parallel.{key}", degree, message, fix))
+    if run.device.type.value == "neuron":
+        problems += _moe_dims_on_neuron(run)
+    return problems
+
+
+def _moe_dims_on_neuron(run: RunConf) -> list[Problem]:
+    """moe_cte / blockwise_mm_bwd shape rules (Neuron only: elsewhere the reference runs)."""
+    spec = flavors.model_spec(run.model.flavor, "flex")
+    layer = next(layer for layer in spec.model.layers if getattr(layer, "moe", None) is not None)
+    experts = layer.moe.routed_experts.inner_experts
+    dim, inter, lnc = experts.dim, experts.hidden_dim, run.device.lnc
+    fits_h = dim % 512 == 0 and 512 <= dim <= 8192 and (dim // lnc) % 32 == 0
+    if fits_h and inter % 16 == 0 and (inter // lnc) % 32 == 0:
+        return []
+    message = (
+        f"hidden size {dim} / expert size {inter} do not fit the NKI MoE kernels "
+        "(H a multiple of 512 in [512, 8192], I a multiple of 32 per core)"
+    )
+    fix = "a larger flavor (30B-A3B, 235B-A22B), or model.kernels without moe_experts"
+    return [Problem("model.flavor", run.model.flavor, message, fix)]
+
+
+def _hf_model(run: RunConf) -> list[Problem]:
+    from qwen3_trainium import hf
+
+    if hf.transformers_major() < hf.MIN_TRANSFORMERS_MAJOR:
+        import transformers
+
+        message = f"transformers {transformers.__version__} is installed; model=hf needs Transformers v5"
+        return [
+            Problem(
+                "model",
+                "hf",
+                message,
+                "pip install 'transformers>=5,<6' (make setup installs the pinned 5.x)",
+            )
+        ]
+    model = run.model.hf_model
+    if not os.path.isdir(model):
+        message = "not on this machine: no such directory, and not in the local Hugging Face cache"
+        return [Problem("model.hf_model", model, message, hf.download_hint(model))]
+    problems = []
+    if run.model.flavor != "auto":
+        message = "model=hf takes its architecture from model.hf_model's config.json"
+        problems.append(
+            Problem("model.flavor", run.model.flavor, message, "leave model.flavor=auto with model=hf")
+        )
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        problems.append(
+            Problem(
+                "model.hf_model",
+                model,
+                "no config.json in this directory",
+                "point model.hf_model at a complete HF model directory",
+            )
+        )
+    elif run.model.load_weights and not any(f.endswith(".safetensors") for f in os.listdir(model)):
+        message = "no *.safetensors weights in this directory"
+        problems.append(
+            Problem(
+                "model.hf_model",
+                model,
+                message,
+                "download the weights, or model.load_weights=false to start from random init",
+            )
+        )
+    if run.model.attn_backend is AttnBackend.varlen:
+        problems.append(
+            Problem(
+                "model.attn_backend",
+                "varlen",
+                "model=hf runs HF attention: sdpa or flex",
+                "model.attn_backend=auto",
+            )
+        )
+    return problems
+
+
+def model_vocab_size(run: RunConf) -> int:
+    if run.model.path is ModelPath.hf:
+        from qwen3_trainium import hf
+
+        return int(hf.read_config(run.model.hf_model)["vocab_size"])
+    return flavors.vocab_size(run.model.flavor)

@@ -1,0 +1,137 @@
+"""Pre-flight checks of the run: attention vs device, training values, world size, the device
+being there, and torchtitan's own validation of the translated config."""
+
+from __future__ import annotations
+
+import logging
+
+from qwen3_trainium import devices
+from qwen3_trainium.preflight.problem import Problem
+from qwen3_trainium.schema import AttnBackend, RunConf
+
+
+def check_attention(run: RunConf) -> list[Problem]:
+    device, backend = run.device.type.value, run.model.attn_backend
+    reasons = {
+        ("cpu", AttnBackend.flex): "FlexAttention has no backward on CPU",
+        ("cpu", AttnBackend.varlen): "varlen attention needs CUDA flash attention",
+        ("neuron", AttnBackend.flex): "FlexAttention is compiled by Inductor, which does not target Neuron",
+        ("neuron", AttnBackend.varlen): "varlen attention needs CUDA flash attention",
+    }
+    reason = reasons.get((device, backend))
+    if reason is None:
+        return []
+    return [
+        Problem(
+            "model.attn_backend",
+            backend.value,
+            f"{reason} (device.type={device})",
+            "model.attn_backend=sdpa (or auto)",
+        )
+    ]
+
+
+def check_training(run: RunConf) -> list[Problem]:
+    problems = []
+    for key in ("steps", "seq_len", "local_batch_size"):
+        value = getattr(run.training, key)
+        if value < 1:
+            problems.append(
+                Problem(
+                    f"training.{key}", value, "must be at least 1", f"training.{key}=<a positive integer>"
+                )
+            )
+    if run.launcher.nproc_per_node < 1 or run.launcher.nnodes < 1:
+        problems.append(
+            Problem(
+                "launcher.nproc_per_node",
+                run.launcher.nproc_per_node,
+                "must be at least 1 (or -1: one per device)",
+                "launcher.nproc_per_node=-1",
+            )
+        )
+    return problems
+
+
+def check_world_size(run: RunConf) -> list[Problem]:
+    par, launcher = run.parallel, run.launcher
+    world = launcher.nnodes * launcher.nproc_per_node
+    fixed = (
+        par.data_parallel_replicate_degree * par.tensor_parallel_degree
+        * par.pipeline_parallel_degree * par.context_parallel_degree
+    )  # fmt: skip
+    shard = par.data_parallel_shard_degree
+    if world < 1 or (world % fixed == 0 if shard == -1 else fixed * shard == world):
+        return []
+    degrees = (
+        f"replicate {par.data_parallel_replicate_degree} x shard {shard} x tensor {par.tensor_parallel_degree}"
+        f" x pipeline {par.pipeline_parallel_degree} x context {par.context_parallel_degree}"
+    )
+    ranks = f"{world} ranks (launcher.nnodes={launcher.nnodes} x launcher.nproc_per_node={launcher.nproc_per_node})"
+    if shard == -1:
+        message = f"{ranks} cannot be split into groups of {fixed} (the degrees other than shard)"
+    else:
+        message = f"the degrees multiply to {fixed * shard}, but there are {ranks}"
+    fix = "parallel.data_parallel_shard_degree=-1 (shard over what is left), or change the degrees"
+    return [Problem("parallel", degrees, message, fix)]
+
+
+def check_device_present(run: RunConf) -> list[Problem]:
+    device = run.device.type.value
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return [
+                Problem(
+                    "device",
+                    device,
+                    "CUDA is not available on this machine",
+                    "device=cpu (or device=auto), or dry_run=true to only validate",
+                )
+            ]
+    if device == "neuron" and devices.detect_device_type() != "neuron":
+        return [
+            Problem(
+                "device",
+                device,
+                "no Neuron device here (torch-neuronx missing, or it sees no NeuronCore; Trainium hosts install it from the Neuron pip repository)",
+                "device=auto, or dry_run=true to only validate a Trainium config here",
+            )
+        ]
+    return []
+
+
+def check_titan(run: RunConf, run_dir: str) -> list[Problem]:
+    """Let torchtitan validate here, as each rank would: build the Trainer.Config, size the
+    model against it (seq_len vs RoPE table, TP vs heads) and apply the overrides, on a copy."""
+    import copy
+
+    from torchtitan.config import apply_overrides
+
+    from qwen3_trainium.titan import to_trainer_config
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))  # rank 0 logs torchtitan's own INFO and warnings; once is enough
+    try:
+        cfg = to_trainer_config(run, run_dir)
+        trial = copy.deepcopy(cfg)
+        trial.model_spec.model.update_from_config(config=trial)
+        try:
+            apply_overrides(trial.override, trial)
+        except (ValueError, TypeError, ImportError) as err:  # conflicts name both overrides
+            fix = "drop one of them (override.imports, model.kernels) or narrow its fqns"
+            return [Problem("override.imports", [str(e) for e in trial.override.imports], str(err), fix)]
+    except (ValueError, TypeError, AssertionError, ImportError, NotImplementedError) as err:
+        return [
+            Problem(
+                "(torchtitan)",
+                "Trainer.Config",
+                f"torchtitan rejected the config: {err}",
+                "change the value it names",
+            )
+        ]
+    finally:
+        root.setLevel(level)
+    return []
