@@ -89,10 +89,13 @@ def run_job(cfg: DictConfig, *, run_dir: str, run_name: str, launch_dir: str) ->
         return 2
     run = runconfig.resolve(cfg, launch_dir)
     run.run_name = run.run_name or run_name
-    problems = preflight.check(run, run_dir, launching=not run.dry_run)
+    notes: list[str] = []
+    problems = preflight.check(run, run_dir, launching=not run.dry_run, notes=notes)
     if problems:
         print(preflight.format_problems(problems), file=sys.stderr)
         return 2
+    for note in notes:
+        print(f"[qwen3-trainium] {note}", flush=True)
     argv, env = torchrun_argv(run, run_dir), rank_env(run, run_dir, dict(os.environ))
     if run.dry_run:
         print(describe(run, argv, env))
@@ -100,4 +103,11 @@ def run_job(cfg: DictConfig, *, run_dir: str, run_name: str, launch_dir: str) ->
     runconfig.save(run, run_dir)
     print(f"[qwen3-trainium] run directory: {run_dir}", flush=True)
     print(f"[qwen3-trainium] {shlex.join(argv)}", flush=True)
-    return launch(argv, env)
+    code = launch(argv, env)
+    if code == 0 and run.checkpoint.enable and run.checkpoint.last_save_in_hf and run.checkpoint.export_check:
+        from qwen3_trainium import export_check
+
+        passed, line = export_check.verify(run, run_dir)
+        print(f"[qwen3-trainium] {line}", flush=True)
+        code = 0 if passed else 3
+    return code

@@ -86,7 +86,21 @@ def train_tokenizer(docs: list[str], out_dir: Path) -> None:
 
 def make_hf_model(out_dir: Path = HF_TINY_DIR, seed: int = 0) -> Path:
     """A random-init Qwen3 with the ``tiny`` flavor's dimensions, saved as a complete HF
-    checkpoint directory (config.json, model.safetensors, tokenizer files). Deterministic."""
+    checkpoint directory (config.json, model.safetensors, tokenizer files). Deterministic.
+
+    Made in a fresh Python process: building torchtitan's HF backend model patches Transformers'
+    weight init for the rest of a process, which would change the weights."""
+    import subprocess
+    import sys
+
+    subprocess.run(
+        [sys.executable, "-m", "qwen3_trainium.make_assets", "--hf-model", str(out_dir), str(seed)],
+        check=True,
+    )
+    return out_dir
+
+
+def _make_hf_model_here(out_dir: Path, seed: int) -> None:
     import shutil
     import tempfile
 
@@ -127,7 +141,6 @@ def make_hf_model(out_dir: Path = HF_TINY_DIR, seed: int = 0) -> Path:
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
-    return out_dir
 
 
 def ensure_hf_model() -> Path:
@@ -151,4 +164,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:2] == ["--hf-model"]:
+        _make_hf_model_here(Path(sys.argv[2]), int(sys.argv[3]))
+    else:
+        main()

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from qwen3_trainium import flavors
-from qwen3_trainium.schema import AttnBackend, DeviceType, ModelPath, RunConf
+from qwen3_trainium.schema import AttnBackend, DeviceType, ModelPath, ParamDtype, RunConf
 
 RESOLVED_NAME = "resolved.yaml"
 ASSETS_DIR = Path(__file__).parent / "data"
@@ -51,6 +51,8 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
     device = run.device.type.value
     if run.model.flavor == "auto" and run.model.path is not ModelPath.hf:
         run.model.flavor = flavors.default_flavor(device, moe=run.model.path is ModelPath.nki_moe)
+    if run.training.mixed_precision_param is ParamDtype.auto:
+        run.training.mixed_precision_param = ParamDtype.float32 if device == "cpu" else ParamDtype.bfloat16
     if run.model.attn_backend is AttnBackend.auto:
         run.model.attn_backend = AttnBackend.flex if device == "cuda" else AttnBackend.sdpa
     if run.launcher.nproc_per_node == -1:

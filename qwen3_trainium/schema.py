@@ -38,6 +38,12 @@ class Dtype(Enum):
     bfloat16 = "bfloat16"
 
 
+class ParamDtype(Enum):
+    auto = "auto"  # float32 on cpu (bf16 buys nothing there), bfloat16 elsewhere
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
 class ACMode(Enum):
     none = "none"
     selective = "selective"
@@ -66,7 +72,7 @@ class TrainingConf:
     global_batch_size: int = -1
     max_norm: float = 1.0
     dtype: Dtype = Dtype.float32
-    mixed_precision_param: Dtype = Dtype.bfloat16
+    mixed_precision_param: ParamDtype = ParamDtype.auto
     mixed_precision_reduce: Dtype = Dtype.float32
     gc_freq: int = 50
 
@@ -157,6 +163,10 @@ class CheckpointConf:
     keep_latest_k: int = 10
     load_step: int = -1
     load_only: bool = False
+    # ours, not torchtitan's:
+    save_rng: bool = True  # save every rank's RNG streams with each checkpoint (resume is exact)
+    allow_partial_load: bool = False  # HF initial load with missing/unexpected keys: warn, not fail
+    export_check: bool = True  # after last_save_in_hf: reload with transformers, compare logits
     async_mode: str = "disabled"
 
 

@@ -89,11 +89,25 @@ def _metrics(run: RunConf, run_dir: str):
     )
 
 
-def _checkpoint(run: RunConf):
-    """torchtitan's checkpoint fields; model=hf adds the initial load of hf_model's weights."""
-    from torchtitan.components.checkpoint import CheckpointManager
+OWN_CHECKPOINT_FIELDS = ("allow_partial_load", "export_check")  # used in the parent only
 
-    fields = dataclasses.asdict(run.checkpoint)
+
+def _hf_config_json(run: RunConf, spec, source_dir: str | None) -> str:
+    """config.json for an HF export: the source model's own, else one made from the flavor."""
+    if source_dir and os.path.isfile(os.path.join(source_dir, "config.json")):
+        with open(os.path.join(source_dir, "config.json")) as f:
+            return f.read()
+    from qwen3_trainium.checkpoint import hf_config_json
+
+    return hf_config_json(spec.model, max_position_embeddings=spec.model.layers[0].attention.rope.max_seq_len)
+
+
+def _checkpoint(run: RunConf, spec, run_dir: str):
+    """torchtitan's checkpoint fields (our manager adds RNG state and complete HF exports);
+    model=hf adds the initial load of hf_model's weights."""
+    from qwen3_trainium.checkpoint import PROBE_NAME, Qwen3CheckpointManager
+
+    fields = {k: v for k, v in dataclasses.asdict(run.checkpoint).items() if k not in OWN_CHECKPOINT_FIELDS}
     hf_init = run.model.path is ModelPath.hf and run.model.load_weights and not fields["initial_load_path"]
     if hf_init:
         fields.update(
@@ -101,7 +115,15 @@ def _checkpoint(run: RunConf):
         )
         if not fields["enable"]:  # load the weights, save nothing
             fields.update(enable=True, load_only=True)
-    return CheckpointManager.Config(**fields)
+    if fields["last_save_in_hf"]:
+        source = run.model.hf_model if run.model.path is ModelPath.hf else fields["initial_load_path"]
+        source = source if fields["initial_load_in_hf"] or run.model.path is ModelPath.hf else None
+        fields.update(
+            hf_config_json=_hf_config_json(run, spec, source), tokenizer_dir=run.data.hf_assets_path
+        )
+        if run.checkpoint.export_check:
+            fields["probe_path"] = os.path.join(run_dir, PROBE_NAME)
+    return Qwen3CheckpointManager.Config(**fields)
 
 
 def _model_parts(run: RunConf) -> tuple[type, dict]:
@@ -152,7 +174,7 @@ def to_trainer_config(run: RunConf, run_dir: str):
         training=_training(run),
         parallelism=ParallelismConfig(**dataclasses.asdict(run.parallel)),
         activation_checkpoint=_activation_checkpoint(run.activation_checkpoint.mode),
-        checkpoint=_checkpoint(run),
+        checkpoint=_checkpoint(run, model_parts["model_spec"], run_dir),
         metrics=_metrics(run, run_dir),
         debug=DebugConfig(seed=run.debug.seed, deterministic=run.debug.deterministic),
         override=OverrideConfig(imports=override_imports(run)),

@@ -10,7 +10,10 @@ from qwen3_trainium import preflight
 from qwen3_trainium.schema import AttnBackend, DeviceType, ModelPath
 from qwen3_trainium.titan import SDPA_OVERRIDE, to_trainer_config
 
-NEEDS_VALUE = {("data", "local"): ["data.dataset_path=."]}
+NEEDS_VALUE = {
+    ("data", "local"): ["data.dataset_path=."],
+    ("checkpoint", "hf_finetune"): ["checkpoint.initial_load_path=qwen3_trainium/data/hf/qwen3-tiny"],
+}
 
 
 @pytest.mark.parametrize(("group", "option"), shipped_options())

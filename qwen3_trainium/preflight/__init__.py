@@ -6,6 +6,7 @@ user error: it returns the list, and the launcher prints it and exits non-zero.
 
 from __future__ import annotations
 
+from qwen3_trainium.preflight.checkpoint import check_checkpoint_contents, check_checkpoint_paths
 from qwen3_trainium.preflight.data import check_data, check_hub_dataset, check_tokenizer_fits, needs_hub
 from qwen3_trainium.preflight.model import check_model
 from qwen3_trainium.preflight.problem import Problem, format_problems
@@ -31,7 +32,8 @@ def missing_values(cfg) -> list[Problem]:
     ]
 
 
-def check(run: RunConf, run_dir: str, *, launching: bool) -> list[Problem]:
+def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | None = None) -> list[Problem]:
+    """All problems of a resolved run config; lines worth printing when all is well go to ``notes``."""
     problems = check_model(run)
     if problems:
         return problems  # the checks below need a known model
@@ -46,6 +48,10 @@ def check(run: RunConf, run_dir: str, *, launching: bool) -> list[Problem]:
         problems += check_device_present(run)
         if needs_hub(run) and not problems:
             problems += check_hub_dataset(run)
+    problems += check_checkpoint_paths(run)
     if not problems:
-        problems += check_titan(run, run_dir)
+        titan_problems, trial = check_titan(run, run_dir)
+        problems += titan_problems
+        if trial is not None:
+            problems += check_checkpoint_contents(run, run_dir, trial, notes if notes is not None else [])
     return problems

@@ -102,9 +102,10 @@ def check_device_present(run: RunConf) -> list[Problem]:
     return []
 
 
-def check_titan(run: RunConf, run_dir: str) -> list[Problem]:
+def check_titan(run: RunConf, run_dir: str):
     """Let torchtitan validate here, as each rank would: build the Trainer.Config, size the
-    model against it (seq_len vs RoPE table, TP vs heads) and apply the overrides, on a copy."""
+    model against it (seq_len vs RoPE table, TP vs heads) and apply the overrides, on a copy.
+    Returns ``(problems, trial)``: ``trial`` is that validated copy (None on a problem)."""
     import copy
 
     from torchtitan.config import apply_overrides
@@ -113,25 +114,20 @@ def check_titan(run: RunConf, run_dir: str) -> list[Problem]:
 
     root = logging.getLogger()
     level = root.level
-    root.setLevel(max(level, logging.ERROR))  # rank 0 logs torchtitan's own INFO and warnings; once is enough
+    root.setLevel(max(level, logging.ERROR))  # rank 0 logs torchtitan's INFO and warnings; once is enough
     try:
-        cfg = to_trainer_config(run, run_dir)
-        trial = copy.deepcopy(cfg)
+        trial = copy.deepcopy(to_trainer_config(run, run_dir))
         trial.model_spec.model.update_from_config(config=trial)
         try:
             apply_overrides(trial.override, trial)
         except (ValueError, TypeError, ImportError) as err:  # conflicts name both overrides
             fix = "drop one of them (override.imports, model.kernels) or narrow its fqns"
-            return [Problem("override.imports", [str(e) for e in trial.override.imports], str(err), fix)]
+            return [
+                Problem("override.imports", [str(e) for e in trial.override.imports], str(err), fix)
+            ], None
     except (ValueError, TypeError, AssertionError, ImportError, NotImplementedError) as err:
-        return [
-            Problem(
-                "(torchtitan)",
-                "Trainer.Config",
-                f"torchtitan rejected the config: {err}",
-                "change the value it names",
-            )
-        ]
+        message = f"torchtitan rejected the config: {err}"
+        return [Problem("(torchtitan)", "Trainer.Config", message, "change the value it names")], None
     finally:
         root.setLevel(level)
-    return []
+    return [], trial

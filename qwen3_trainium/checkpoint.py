@@ -1,0 +1,195 @@
+"""torchtitan's checkpointer plus what it leaves out: RNG state, complete HF exports, a probe.
+
+``Qwen3CheckpointManager`` (a ``CheckpointManager`` subclass with its own ``Config``, torchtitan's
+extension point) adds:
+- ``rng``: every rank's torch / Python / NumPy RNG state, so a resumed run continues the same
+  random streams (torchtitan saves none);
+- after a ``last_save_in_hf`` export: the files that make the step directory a complete HF model
+  directory (``config.json``, tokenizer files; the consolidation leftovers removed), and the
+  logits of the trained model on a fixed probe batch (``export_probe.pt``), which the launcher
+  compares with ``AutoModelForCausalLM.from_pretrained`` of the export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import shutil
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torchtitan.components.checkpoint import CheckpointManager
+
+PROBE_NAME = "export_probe.pt"
+PROBE_TEXT = (
+    "Alice has 3 apples. Bob gives Alice 2 more apples. Now Alice has 5 apples. The capital of Peru is Lima."
+)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+
+
+class RngState:
+    """Stateful: this rank's RNG streams, keyed by rank so each rank restores its own."""
+
+    def _key(self) -> str:
+        return f"rank_{dist.get_rank() if dist.is_initialized() else 0}"
+
+    def state_dict(self) -> dict:
+        state = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+        return {self._key(): pickle.dumps(state)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        blob = state_dict.get(self._key())
+        if blob is None:
+            return  # saved by a different world size: keep this run's streams
+        torch_state, py_state, np_state = pickle.loads(blob)
+        torch.set_rng_state(torch_state)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+
+
+class Qwen3CheckpointManager(CheckpointManager):
+    @dataclass(kw_only=True, slots=True)
+    class Config(CheckpointManager.Config):
+        save_rng: bool = True
+        hf_config_json: str = ""
+        """config.json text written into an HF export (empty: no export completion)."""
+
+        tokenizer_dir: str = ""
+        """Where the tokenizer files copied into an HF export come from."""
+
+        probe_path: str = ""
+        """Where to save the trained model's logits on the probe batch (empty: no probe)."""
+
+    def __init__(self, config: Config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        if not self.enable:
+            return
+        if config.save_rng:
+            self.states["rng"] = RngState()
+        self._export = config
+
+    def _save_last_step(self, curr_step: int) -> None:
+        config_json = self._export.hf_config_json if self.last_save_in_hf else ""
+        if self.last_save_in_hf and self._untied_but_declared_tied():
+            # torchtitan's HF backend un-ties embedding and lm_head for FSDP, so both train; the
+            # adapter would still drop lm_head as "tied" and the export would lose it.
+            self.sd_adapter._tie_word_embeddings = False
+            config_json = (
+                json.dumps({**json.loads(config_json), "tie_word_embeddings": False}, indent=2) + "\n"
+            )
+        super()._save_last_step(curr_step)
+        if not self.last_save_in_hf:
+            return
+        export_dir = self._create_checkpoint_id(curr_step)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            complete_hf_export(export_dir, config_json, self._export.tokenizer_dir)
+        if self._export.probe_path:
+            save_probe(self.states["model"].model[0], self._export.tokenizer_dir, self._export.probe_path)
+
+    def _untied_but_declared_tied(self) -> bool:
+        model = self.states["model"].model[0]
+        head, embed = getattr(model, "lm_head", None), getattr(model, "tok_embeddings", None)
+        if not getattr(self.sd_adapter, "_tie_word_embeddings", False) or head is None or embed is None:
+            return False
+        return head.weight is not embed.weight
+
+
+def complete_hf_export(export_dir: str, config_json: str, tokenizer_dir: str) -> None:
+    """Make a torchtitan HF export a directory ``from_pretrained`` loads on its own."""
+    shutil.rmtree(os.path.join(export_dir, "sharded"), ignore_errors=True)
+    if config_json:
+        with open(os.path.join(export_dir, "config.json"), "w") as f:
+            f.write(config_json)
+    for name in TOKENIZER_FILES:
+        source = os.path.join(tokenizer_dir, name)
+        if os.path.isfile(source):
+            shutil.copy(source, os.path.join(export_dir, name))
+
+
+def probe_tokens(tokenizer_dir: str) -> torch.Tensor:
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json")).encode(PROBE_TEXT).ids
+    return torch.tensor([ids], dtype=torch.long)
+
+
+@torch.no_grad()
+def model_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits of a torchtitan model (native Decoder or HF backend) on one document."""
+    device = next(model.parameters()).device
+    tokens = tokens.to(device)
+    positions = torch.arange(tokens.shape[1], device=device).unsqueeze(0)
+    kwargs = {"positions": positions}
+    if hasattr(model, "get_attention_masks") and not hasattr(model, "model"):  # native Decoder
+        kwargs["attention_masks"] = model.get_attention_masks(positions)
+    was_training, skip_lm_head = model.training, getattr(model, "_skip_lm_head", False)
+    model.eval()
+    model._skip_lm_head = False  # the chunked loss applies lm_head itself during training
+    try:
+        out = model(tokens, **kwargs)
+    finally:
+        model.train(was_training)
+        model._skip_lm_head = skip_lm_head
+    return (out.full_tensor() if hasattr(out, "full_tensor") else out).float().cpu()
+
+
+def save_probe(model: torch.nn.Module, tokenizer_dir: str, path: str) -> None:
+    """Every rank runs the forward (FSDP gathers); rank 0 writes tokens and logits."""
+    tokens = probe_tokens(tokenizer_dir)
+    logits = model_logits(model, tokens)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        torch.save({"tokens": tokens, "logits": logits}, path)
+
+
+def hf_config_dict(model_config, max_position_embeddings: int) -> dict:
+    """An HF ``config.json`` for a torchtitan Qwen3 model config (dense or MoE)."""
+    first = model_config.layers[0]
+    attn = first.attention
+    head_dim = attn.head_dim or model_config.dim // attn.n_heads
+    cfg = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": model_config.vocab_size,
+        "hidden_size": model_config.dim,
+        "num_hidden_layers": len(model_config.layers),
+        "num_attention_heads": attn.n_heads,
+        "num_key_value_heads": attn.n_kv_heads or attn.n_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": max_position_embeddings,
+        "rope_parameters": {"rope_type": "default", "rope_theta": attn.rope.theta},
+        "rms_norm_eps": attn.qk_norm.eps if attn.qk_norm is not None else 1e-6,
+        "tie_word_embeddings": model_config.enable_weight_tying,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "torch_dtype": "float32",
+    }
+    moe = getattr(first, "moe", None)
+    if moe is not None:
+        router, experts = moe.router, moe.routed_experts.inner_experts
+        cfg.update(
+            architectures=["Qwen3MoeForCausalLM"],
+            model_type="qwen3_moe",
+            num_experts=moe.num_experts,
+            num_experts_per_tok=router.top_k,
+            moe_intermediate_size=experts.hidden_dim,
+            norm_topk_prob=router.route_norm,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            intermediate_size=experts.hidden_dim,
+        )
+    else:
+        cfg["intermediate_size"] = first.feed_forward.w1.out_features
+    return cfg
+
+
+def hf_config_json(model_config, max_position_embeddings: int) -> str:
+    return json.dumps(hf_config_dict(model_config, max_position_embeddings), indent=2) + "\n"

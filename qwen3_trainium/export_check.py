@@ -1,0 +1,80 @@
+"""After an HF export: reload it with ``AutoModelForCausalLM`` and compare logits.
+
+The rank saved the trained model's logits on a fixed probe batch (``export_probe.pt``). A fresh
+Python process (``python -m qwen3_trainium.export_check``) loads the exported directory with
+Transformers alone, as a user would, and runs the same tokens. It must be a fresh process:
+building torchtitan's HF backend model (the parent does, on the meta device, to check weights)
+patches Transformers' model classes for the rest of that process. Float32 training compute and a
+float32 export must agree to 1e-5; otherwise the figure is reported only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from qwen3_trainium.checkpoint import PROBE_NAME
+from qwen3_trainium.preflight.checkpoint import latest_step
+from qwen3_trainium.schema import ParamDtype, RunConf
+
+TOLERANCE = 1e-5
+REPORT_NAME = "export_check.json"
+
+
+def export_dir(run: RunConf, run_dir: str) -> str | None:
+    latest = latest_step(os.path.join(run_dir, run.checkpoint.folder))
+    return (
+        os.path.join(run_dir, run.checkpoint.folder, f"step-{latest[0]}")
+        if latest and latest[1] == "hf"
+        else None
+    )
+
+
+def max_logit_diff(directory: str, probe_path: str) -> float:
+    """Run in a fresh process: from_pretrained(directory) vs the saved probe logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    probe = torch.load(probe_path)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(probe["tokens"]).logits.float()
+    return (logits - probe["logits"]).abs().max().item()
+
+
+def verify(run: RunConf, run_dir: str) -> tuple[bool, str]:
+    """(passed, one line for the terminal); also writes ``export_check.json``."""
+    directory, probe_path = export_dir(run, run_dir), os.path.join(run_dir, PROBE_NAME)
+    if directory is None or not os.path.isfile(probe_path):
+        return False, f"export check: no HF export or probe under {run_dir}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "qwen3_trainium.export_check", directory, probe_path],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        return False, f"export check: AutoModelForCausalLM could not load {directory}:\n{proc.stderr[-2000:]}"
+    diff = float(proc.stdout.strip().splitlines()[-1])
+    exact = (
+        run.training.mixed_precision_param is ParamDtype.float32 and run.checkpoint.export_dtype == "float32"
+    )
+    passed = diff <= TOLERANCE or not exact
+    with open(os.path.join(run_dir, REPORT_NAME), "w") as f:
+        json.dump(
+            {"export_dir": directory, "max_abs_logit_diff": diff, "tolerance": TOLERANCE if exact else None},
+            f,
+        )
+    if not exact:
+        verdict = "(not float32 end to end: reported only)"
+    else:
+        verdict = f"<= {TOLERANCE}: OK" if passed else f"> {TOLERANCE}: FAILED"
+    return (
+        passed,
+        f"export round trip ({directory}): AutoModelForCausalLM max abs logit diff {diff:.3e} {verdict}",
+    )
+
+
+if __name__ == "__main__":
+    print(max_logit_diff(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,201 @@
+"""Pre-flight checks of the checkpoint group: the paths, the HF weights against the model (every
+key and shape, through the model's own state-dict adapter), and the folder a run resumes from.
+
+torchtitan loads HF weights with ``strict=False``, so a missing tensor would train silently from
+random init; here it is an error before any process starts (``checkpoint.allow_partial_load``
+turns it into a printed warning for deliberate partial loads).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+from qwen3_trainium.preflight.problem import Problem
+from qwen3_trainium.schema import ModelPath, RunConf
+
+HF_DIMS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "intermediate_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+)  # fmt: skip
+SHOWN = 5  # keys listed per kind in a message
+
+
+def check_checkpoint_paths(run: RunConf) -> list[Problem]:
+    ck = run.checkpoint
+    if ck.initial_load_in_hf and not ck.initial_load_path and run.model.path is not ModelPath.hf:
+        message = "checkpoint=hf_finetune loads HF weights from a directory, and none is set"
+        return [
+            Problem(
+                "checkpoint.initial_load_path",
+                None,
+                message,
+                "checkpoint.initial_load_path=<an HF model directory>",
+            )
+        ]
+    path = ck.initial_load_path
+    if not path:
+        return []
+    if not os.path.isdir(path):
+        what = "is a file, not a directory" if os.path.exists(path) else "does not exist"
+        return [
+            Problem(
+                "checkpoint.initial_load_path",
+                path,
+                what,
+                "checkpoint.initial_load_path=<a checkpoint directory>",
+            )
+        ]
+    if not ck.initial_load_in_hf:
+        return []
+    problems = []
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        problems.append(
+            Problem(
+                "checkpoint.initial_load_path",
+                path,
+                "no config.json: not an HF model directory",
+                "point it at a complete HF model directory",
+            )
+        )
+    if not glob.glob(os.path.join(path, "*.safetensors")):
+        problems.append(
+            Problem(
+                "checkpoint.initial_load_path",
+                path,
+                "no *.safetensors weights in this directory",
+                "download the weights (hf download <id> --local-dir <dir>)",
+            )
+        )
+    return problems
+
+
+def check_checkpoint_contents(run: RunConf, run_dir: str, trial, notes: list[str]) -> list[Problem]:
+    """HF initial weights and the resume folder against the model ``trial`` would build."""
+    ckpt = trial.checkpoint
+    problems: list[Problem] = []
+    hf_dir = ckpt.initial_load_path if ckpt.enable and ckpt.initial_load_in_hf else None
+    if hf_dir and run.model.path is not ModelPath.hf:
+        problems += _config_dims(run, trial, hf_dir)
+    if hf_dir and not problems:
+        problems += _hf_keys(run, trial, hf_dir, notes)
+    if ckpt.enable:
+        problems += _resume_folder(os.path.join(run_dir, ckpt.folder), trial, notes)
+    return problems
+
+
+def _config_dims(run: RunConf, trial, hf_dir: str) -> list[Problem]:
+    import json
+
+    from qwen3_trainium.checkpoint import hf_config_dict
+
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        theirs = json.load(f)
+    ours = hf_config_dict(trial.model_spec.model, max_position_embeddings=0)
+    theirs.setdefault(
+        "head_dim", theirs.get("hidden_size", 0) // max(theirs.get("num_attention_heads", 1), 1)
+    )
+    diffs = [
+        f"{k}: flavor {ours[k]}, config.json {theirs.get(k)}"
+        for k in HF_DIMS
+        if k in ours and ours[k] != theirs.get(k)
+    ]
+    if not diffs:
+        return []
+    message = f"model.flavor={run.model.flavor} disagrees with {hf_dir}/config.json ({'; '.join(diffs)})"
+    return [
+        Problem(
+            "model.flavor",
+            run.model.flavor,
+            message,
+            "the flavor of these weights (or model=hf model.hf_model=<dir>)",
+        )
+    ]
+
+
+def _meta_state_shapes(trial):
+    """(``{key: shape}`` of the model's state dict, the model), built on the meta device."""
+    import torch
+
+    with torch.device("meta"):
+        model = trial.model_spec.model.build()
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}, model
+
+
+def _hf_keys(run: RunConf, trial, hf_dir: str, notes: list[str]) -> list[Problem]:
+    from safetensors import safe_open
+
+    _, model = _meta_state_shapes(trial)
+    adapter = trial.model_spec.state_dict_adapter(trial.model_spec.model, trial.hf_assets_path)
+    expected = {k: tuple(v.shape) for k, v in adapter.to_hf(model.state_dict()).items()}
+    present: dict[str, tuple] = {}
+    for path in sorted(glob.glob(os.path.join(hf_dir, "*.safetensors"))):
+        with safe_open(path, "pt") as f:
+            present.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+    missing = sorted(set(expected) - set(present))
+    unexpected = sorted(set(present) - set(expected))
+    shapes = sorted(k for k in set(expected) & set(present) if expected[k] != present[k])
+    if not (missing or unexpected or shapes):
+        notes.append(
+            f"HF weights {hf_dir}: all {len(expected)} tensors match the model (0 missing, 0 unexpected)"
+        )
+        return []
+    detail = "; ".join(
+        f"{len(keys)} {kind} ({', '.join(keys[:SHOWN])}{', ...' if len(keys) > SHOWN else ''})"
+        for kind, keys in (("missing", missing), ("unexpected", unexpected), ("with another shape", shapes))
+        if keys
+    )
+    if run.checkpoint.allow_partial_load:
+        notes.append(f"WARNING partial HF load allowed (checkpoint.allow_partial_load=true): {detail}")
+        return []
+    fix = "weights of this model (model.flavor / model.hf_model), or checkpoint.allow_partial_load=true for a deliberate partial load"
+    return [
+        Problem("checkpoint.initial_load_path", hf_dir, f"the HF weights do not fit the model: {detail}", fix)
+    ]
+
+
+def latest_step(folder: str) -> tuple[int, str] | None:
+    """(step, "dcp" | "hf") of the newest step directory torchtitan would resume from."""
+    found = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        match = re.fullmatch(r"step-(\d+)", name)
+        path = os.path.join(folder, name)
+        if match and os.path.isfile(os.path.join(path, ".metadata")):
+            found.append((int(match.group(1)), "dcp"))
+        elif match and os.path.isfile(os.path.join(path, "model.safetensors.index.json")):
+            found.append((int(match.group(1)), "hf"))
+    return max(found) if found else None
+
+
+def _resume_folder(folder: str, trial, notes: list[str]) -> list[Problem]:
+    latest = latest_step(folder)
+    if latest is None:
+        return []
+    step, kind = latest
+    step_dir = os.path.join(folder, f"step-{step}")
+    if kind == "hf":
+        message = (
+            f"{step_dir} is the HF export of a finished run; torchtitan would try to resume from it and fail"
+        )
+        fix = f"a new run directory, starting from it: checkpoint=hf_finetune checkpoint.initial_load_path={step_dir}"
+        return [Problem("checkpoint.folder", folder, message, fix)]
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = FileSystemReader(step_dir).read_metadata().state_dict_metadata
+    ours, _ = _meta_state_shapes(trial)
+    wrong = sorted(
+        k for k, shape in ours.items() if k not in saved or tuple(getattr(saved[k], "size", ())) != shape
+    )
+    if wrong:
+        message = f"{step_dir} holds a different model: {len(wrong)} of {len(ours)} tensors missing or shaped differently ({', '.join(wrong[:SHOWN])})"
+        return [
+            Problem(
+                "checkpoint.folder",
+                folder,
+                message,
+                "resume with the model that wrote it, or use a new run directory",
+            )
+        ]
+    notes.append(f"resuming from {step_dir}")
+    return []
