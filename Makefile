@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup smoke smoke-native smoke-hf smoke-nki-moe test test-fast lint format bench bench-paths assets clean
+.PHONY: setup setup-neuron doctor smoke smoke-native smoke-hf smoke-nki-moe test test-fast lint format bench bench-paths assets clean
 
 setup: $(STAMP)
 
@@ -13,6 +13,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# On a Trainium host: torch-neuronx and neuronx-cc from the Neuron pip repository (already in
+# pip's configuration on the Neuron DLAMI; elsewhere NEURON_PIP_INDEX=<its URL from AWS's setup guide>).
+setup-neuron: setup
+	$(PY) -m pip install $(if $(NEURON_PIP_INDEX),--extra-index-url $(NEURON_PIP_INDEX)) -r requirements-neuron.txt
+	$(PY) launch.py doctor=true device=neuron
+
+doctor: setup
+	$(PY) launch.py doctor=true
 
 smoke: smoke-native
 

@@ -14,8 +14,24 @@ import platform
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-# Physical NeuronCores per instance. Logical cores per node = physical / LNC.
-NEURON_INSTANCES = {"trn2.48xlarge": 128, "trn2u.48xlarge": 128, "trn1.32xlarge": 32}
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class NeuronInstance:
+    """Checked facts (STACK.md): per physical NeuronCore; a logical core is LNC of them."""
+
+    physical_cores: int
+    hbm_per_physical_core: int  # bytes
+    peak_bf16_flops_per_physical_core: float
+
+
+# trn2: 16 Trainium2 chips, 128 NeuronCore-v3, 96 GiB HBM per chip (24 GiB per logical core at
+# LNC=2), 79 BF16 TFLOPS per physical core. Other instance types are added once their facts are.
+NEURON_INSTANCES = {
+    "trn2.48xlarge": NeuronInstance(128, 12 * GiB, 79e12),
+    "trn2u.48xlarge": NeuronInstance(128, 12 * GiB, 79e12),
+}
 
 
 @dataclass(frozen=True)
@@ -23,6 +39,8 @@ class DeviceInfo:
     type: str  # cpu | cuda | neuron
     devices_per_node: int  # processes per node when launcher.nproc_per_node is -1
     pg_backend: str
+    memory_per_rank: int | None  # bytes of device memory one rank may use (None: unknown here)
+    peak_flops_per_rank: float | None  # BF16 peak for MFU (None: unknown, MFU is n/a)
 
 
 def detect_device_type() -> str:
@@ -39,29 +57,35 @@ def detect_device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def neuron_cores_per_node(instance: str, lnc: int) -> int:
-    return NEURON_INSTANCES[instance] // lnc
-
-
-def device_info(device_type: str, *, lnc: int = 2, instance: str = "trn2.48xlarge") -> DeviceInfo:
+def device_info(
+    device_type: str, *, lnc: int = 2, instance: str = "trn2.48xlarge", nproc: int = 1
+) -> DeviceInfo:
     if device_type == "neuron":
-        return DeviceInfo("neuron", neuron_cores_per_node(instance, lnc), "neuron")
+        facts = NEURON_INSTANCES[instance]
+        return DeviceInfo(
+            "neuron", facts.physical_cores // lnc, "neuron",
+            facts.hbm_per_physical_core * lnc, facts.peak_bf16_flops_per_physical_core * lnc,
+        )  # fmt: skip
     if device_type == "cuda":
         import torch
 
-        return DeviceInfo("cuda", max(torch.cuda.device_count(), 1), "nccl")
-    return DeviceInfo("cpu", 1, "gloo")
+        if not torch.cuda.is_available():
+            return DeviceInfo("cuda", 1, "nccl", None, None)
+        memory = torch.cuda.get_device_properties(0).total_memory
+        return DeviceInfo("cuda", torch.cuda.device_count(), "nccl", memory, None)
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return DeviceInfo("cpu", 1, "gloo", total // max(nproc, 1), None)
 
 
-def rank_env(device_type: str, *, nproc_per_node: int, lnc: int = 2) -> dict[str, str]:
+def rank_env(
+    device_type: str, *, nproc_per_node: int, lnc: int = 2, compile_cache: str = "~/.cache/neuron-neff"
+) -> dict[str, str]:
     """Environment every rank needs for this device (on top of the parent's)."""
     if device_type == "neuron":
         return {
             "NEURON_LOGICAL_NC_CONFIG": str(lnc),
             "NEURON_RT_NUM_CORES": str(nproc_per_node),
-            "TORCH_NEURONX_NEFF_CACHE_DIR": os.environ.get(
-                "TORCH_NEURONX_NEFF_CACHE_DIR", os.path.expanduser("~/.cache/neuron-neff")
-            ),
+            "TORCH_NEURONX_NEFF_CACHE_DIR": os.path.expanduser(compile_cache),
         }
     if device_type == "cpu":
         threads = max((os.cpu_count() or 1) // nproc_per_node, 1)
@@ -72,9 +96,14 @@ def rank_env(device_type: str, *, nproc_per_node: int, lnc: int = 2) -> dict[str
 class CpuDeviceModule:
     """The ``torch.cuda``-shaped calls torchtitan makes, answered for the CPU.
 
-    Memory figures are the process's resident set: peak RSS (``VmHWM``), which
-    ``reset_peak_memory_stats`` resets through ``/proc/self/clear_refs``.
+    Device memory on CPU is what training adds to the process: the peak resident set (``VmHWM``)
+    minus the resident set when torchtitan first resets the peak (after the model is defined on
+    the meta device, before it is materialised). ``reset_peak_memory_stats`` resets the peak
+    through ``/proc/self/clear_refs``.
     """
+
+    def __init__(self) -> None:
+        self.baseline: int | None = None
 
     def __getattr__(self, name: str):
         import torch
@@ -98,9 +127,8 @@ class CpuDeviceModule:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return SimpleNamespace(name="cpu", total_memory=total)
 
-    @staticmethod
-    def memory_stats(device=None) -> dict[str, int]:
-        peak = _proc_status_bytes("VmHWM")
+    def memory_stats(self, device=None) -> dict[str, int]:
+        peak = max(_proc_status_bytes("VmHWM") - (self.baseline or 0), 0)
         return {
             "active_bytes.all.peak": peak,
             "reserved_bytes.all.peak": peak,
@@ -108,8 +136,9 @@ class CpuDeviceModule:
             "num_ooms": 0,
         }
 
-    @staticmethod
-    def reset_peak_memory_stats(device=None) -> None:
+    def reset_peak_memory_stats(self, device=None) -> None:
+        if self.baseline is None:
+            self.baseline = _proc_status_bytes("VmRSS")
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")

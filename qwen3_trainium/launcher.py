@@ -57,7 +57,10 @@ def rank_env(run: RunConf, run_dir: str, environ: dict[str, str]) -> dict[str, s
     env = {RUN_DIR_ENV: run_dir, "HF_HUB_DISABLE_TELEMETRY": "1"}
     env.update(
         devices.rank_env(
-            run.device.type.value, nproc_per_node=run.launcher.nproc_per_node, lnc=run.device.lnc
+            run.device.type.value,
+            nproc_per_node=run.launcher.nproc_per_node,
+            lnc=run.device.lnc,
+            compile_cache=run.device.compile_cache,
         )
     )
     env.update(tracking.wandb_env(run, environ))
@@ -89,6 +92,12 @@ def run_job(cfg: DictConfig, *, run_dir: str, run_name: str, launch_dir: str) ->
         return 2
     run = runconfig.resolve(cfg, launch_dir)
     run.run_name = run.run_name or run_name
+    if run.doctor:
+        from qwen3_trainium import doctor
+
+        healthy, text = doctor.report(run, launch_dir, tty=sys.stdout.isatty())
+        print(text)
+        return 0 if healthy else 1
     notes: list[str] = []
     problems = preflight.check(run, run_dir, launching=not run.dry_run, notes=notes)
     if problems:

@@ -21,6 +21,7 @@ from torchtitan.components.metrics import (
     MetricsProcessor,
     _get_metrics_rank,
 )
+from torchtitan.tools.logging import logger
 
 # torchtitan metric key -> metrics.jsonl key
 JSONL_KEYS = {
@@ -34,7 +35,32 @@ JSONL_KEYS = {
     "memory/max_active(GiB)": "memory_max_active_gib",
     "memory/max_reserved(GiB)": "memory_max_reserved_gib",
     "n_tokens_seen": "tokens_seen",
+    "memory/max_reserved_all_ranks(GiB)": "memory_max_all_ranks_gib",
+    "memory/capacity(GiB)": "memory_capacity_gib",
+    "memory/neuron_driver_total(GiB)": "neuron_driver_total_gib",
+    "memory/neuron_driver_peak(GiB)": "neuron_driver_peak_gib",
 }
+WARN_FRACTION = 0.9
+NEURON_SYSFS = "/sys/devices/virtual/neuron_device"
+CORES_PER_CHIP = 8  # physical NeuronCore-v3 per Trainium2 chip
+
+
+def neuron_driver_memory(local_rank: int, lnc: int, root: str = NEURON_SYSFS) -> dict[str, float] | None:
+    """Driver-level device memory (GiB) of this rank's physical cores, where the sysfs is readable."""
+    total = peak = 0
+    for physical in range(local_rank * lnc, (local_rank + 1) * lnc):
+        chip, core = divmod(physical, CORES_PER_CHIP)
+        base = os.path.join(
+            root, f"neuron{chip}", f"neuron_core{core}", "stats", "memory_usage", "device_mem"
+        )
+        try:
+            with open(os.path.join(base, "total")) as f:
+                total += int(f.read().split()[0])
+            with open(os.path.join(base, "peak")) as f:
+                peak += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+    return {"memory/neuron_driver_total(GiB)": total / 2**30, "memory/neuron_driver_peak(GiB)": peak / 2**30}
 
 
 class JsonlLogger(BaseLogger):
@@ -67,7 +93,40 @@ class JsonlMetricsProcessor(MetricsProcessor):
         """Where to write metrics.jsonl; empty disables it."""
 
         report_mfu: bool = True
-        """False where torchtitan's peak-FLOPS table has no entry (CPU): MFU is omitted."""
+        """False where torchtitan's peak-FLOPS table has no entry (CPU): MFU is n/a."""
+
+        memory_capacity_gib: float = 0.0
+        """Device memory per rank; above 90% of it a warning is logged once (0: unknown)."""
+
+    def __init__(self, config: Config, **kwargs):
+        super().__init__(config, **kwargs)
+        if not config.report_mfu:
+            self.has_quantization = True  # torchtitan's own switch for "MFU: N/A"
+        self._warned_memory = False
+
+    def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+        """torchtitan's log, plus the peak memory of the fullest rank (a MAX all-reduce)."""
+        from torchtitan.tools import utils
+
+        peak = self.device_memory_monitor.get_peak_stats().max_reserved_gib
+        if torch.distributed.is_initialized():
+            value = torch.tensor([peak], dtype=torch.float64, device=utils.device_type)
+            torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+            peak = float(value.item())
+        extra = dict(extra_metrics or {})
+        extra["memory/max_reserved_all_ranks(GiB)"] = peak
+        if utils.device_type == "neuron":
+            lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+            extra.update(neuron_driver_memory(int(os.environ.get("LOCAL_RANK", "0")), lnc) or {})
+        capacity = self.config.memory_capacity_gib
+        if capacity:
+            extra["memory/capacity(GiB)"] = capacity
+            if peak > WARN_FRACTION * capacity and not self._warned_memory:
+                self._warned_memory = True
+                logger.warning(
+                    f"device memory: a rank peaked at {peak:.2f} GiB, over 90% of its {capacity:.2f} GiB"
+                )
+        super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
 
     def _build_metric_logger(self, *, config: Config, parallel_dims, pp_schedule: str, **kw):
         base = super()._build_metric_logger(

@@ -55,9 +55,10 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
         run.training.mixed_precision_param = ParamDtype.float32 if device == "cpu" else ParamDtype.bfloat16
     if run.model.attn_backend is AttnBackend.auto:
         run.model.attn_backend = AttnBackend.flex if device == "cuda" else AttnBackend.sdpa
-    if run.launcher.nproc_per_node == -1:
+    known_instance = device != "neuron" or run.device.instance in devices.NEURON_INSTANCES
+    if run.launcher.nproc_per_node == -1 and known_instance and run.device.lnc in (1, 2):
         info = devices.device_info(device, lnc=run.device.lnc, instance=run.device.instance)
-        run.launcher.nproc_per_node = info.devices_per_node
+        run.launcher.nproc_per_node = info.devices_per_node  # else -1 stays: pre-flight explains
     for group, key in _PATH_FIELDS:
         node = getattr(run, group)
         value = getattr(node, key)

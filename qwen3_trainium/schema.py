@@ -136,6 +136,7 @@ class DeviceConf:
     type: DeviceType = DeviceType.auto
     lnc: int = 2  # Neuron logical core size (1 or 2); ignored elsewhere
     instance: str = "trn2.48xlarge"  # Neuron instance type; ignored elsewhere
+    compile_cache: str = "~/.cache/neuron-neff"  # TORCH_NEURONX_NEFF_CACHE_DIR (persistent)
 
 
 @dataclass
@@ -210,6 +211,7 @@ class RunConf:
     debug: DebugConf = field(default_factory=DebugConf)
     override: OverrideConf = field(default_factory=OverrideConf)
     dry_run: bool = False
+    doctor: bool = False  # report this machine's readiness (devices, tools, versions) and exit
     run_name: str = ""  # W&B run name; empty: made from the command-line overrides
 
 

@@ -78,6 +78,12 @@ def _metrics(run: RunConf, run_dir: str):
     from qwen3_trainium.metrics import JsonlMetricsProcessor
 
     track = run.tracking
+    info = devices.device_info(
+        run.device.type.value,
+        lnc=run.device.lnc,
+        instance=run.device.instance,
+        nproc=run.launcher.nproc_per_node,
+    )
     return JsonlMetricsProcessor.Config(
         log_freq=track.log_freq,
         enable_wandb=track.wandb,
@@ -86,6 +92,7 @@ def _metrics(run: RunConf, run_dir: str):
         jsonl_path=os.path.join(run_dir, METRICS_NAME),
         # torchtitan's peak-FLOPS table falls back to A100 figures off-GPU: MFU is meaningless on CPU.
         report_mfu=run.device.type.value != "cpu",
+        memory_capacity_gib=(info.memory_per_rank or 0) / 2**30,
     )
 
 

@@ -11,6 +11,7 @@ from qwen3_trainium.schema import AttnBackend, DeviceType, ModelPath
 from qwen3_trainium.titan import SDPA_OVERRIDE, to_trainer_config
 
 NEEDS_VALUE = {
+    ("parallel", "trn2_ep"): ["model.flavor=30B-A3B"],  # expert parallel needs an MoE flavor
     ("data", "local"): ["data.dataset_path=."],
     ("checkpoint", "hf_finetune"): ["checkpoint.initial_load_path=qwen3_trainium/data/hf/qwen3-tiny"],
 }

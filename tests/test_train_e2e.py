@@ -33,6 +33,8 @@ def test_smoke_two_ranks_fsdp_on_gloo(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = _metrics(run_dir)
     assert len(rows) == 10 and rows[-1]["loss"] < rows[0]["loss"]
+    assert all(r["memory_max_all_ranks_gib"] > 0 and r["memory_capacity_gib"] > 0 for r in rows)
+    assert all("mfu_pct" not in r for r in rows)  # n/a on CPU
     logs = sorted(run_dir.glob("logs/*/attempt_0/*/stdout.log"))
     assert len(logs) == 2  # both ranks ran
     last = [next(line for line in reversed(p.read_text().splitlines()) if "step: 10" in line) for p in logs]

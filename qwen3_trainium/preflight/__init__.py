@@ -12,11 +12,13 @@ from qwen3_trainium.preflight.model import check_model
 from qwen3_trainium.preflight.problem import Problem, format_problems
 from qwen3_trainium.preflight.run import (
     check_attention,
+    check_device,
     check_device_present,
     check_titan,
     check_training,
     check_world_size,
 )
+from qwen3_trainium.preflight.system import check_degrees, check_memory, versions
 from qwen3_trainium.schema import RunConf
 
 __all__ = ["Problem", "check", "format_problems", "missing_values"]
@@ -34,9 +36,9 @@ def missing_values(cfg) -> list[Problem]:
 
 def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | None = None) -> list[Problem]:
     """All problems of a resolved run config; lines worth printing when all is well go to ``notes``."""
-    problems = check_model(run)
+    problems = check_device(run) + check_model(run)
     if problems:
-        return problems  # the checks below need a known model
+        return problems  # the checks below need a known model and device
     problems += (
         check_attention(run)
         + check_training(run)
@@ -48,10 +50,37 @@ def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | Non
         problems += check_device_present(run)
         if needs_hub(run) and not problems:
             problems += check_hub_dataset(run)
+    notes = notes if notes is not None else []
     problems += check_checkpoint_paths(run)
+    version_problems, table = versions(run, launching=launching)
+    problems += version_problems
+    notes.append("versions:\n" + table)
     if not problems:
         titan_problems, trial = check_titan(run, run_dir)
         problems += titan_problems
         if trial is not None:
-            problems += check_checkpoint_contents(run, run_dir, trial, notes if notes is not None else [])
+            problems += _check_shape(run, trial, notes)
+            problems += check_checkpoint_contents(run, run_dir, trial, notes)
     return problems
+
+
+def _check_shape(run: RunConf, trial, notes: list[str]) -> list[Problem]:
+    """Degrees and memory against the model as torchtitan will build it (on the meta device)."""
+    import torch
+
+    from qwen3_trainium import memory
+
+    with torch.device("meta"):
+        model = trial.model_spec.model.build()
+    shape = memory.model_shape(trial.model_spec.model, model)
+    problems, arithmetic = check_degrees(run, shape)
+    notes.append("parallel degrees:\n" + arithmetic)
+    memory_problems, estimate = check_memory(run, shape)
+    notes.append(
+        f"device memory per rank (estimate, {shape.params / 1e6:,.1f}M parameters):\n" + estimate.table()
+    )
+    if estimate.capacity and not memory_problems and estimate.total > 0.9 * estimate.capacity:
+        notes.append(
+            f"WARNING the memory estimate is {100 * estimate.total / estimate.capacity:.0f}% of a rank's device memory"
+        )
+    return problems + memory_problems

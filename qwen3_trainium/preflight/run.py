@@ -31,6 +31,32 @@ def check_attention(run: RunConf) -> list[Problem]:
     ]
 
 
+def check_device(run: RunConf) -> list[Problem]:
+    if run.device.type.value != "neuron":
+        return []
+    problems = []
+    if run.device.lnc not in (1, 2):
+        problems.append(
+            Problem(
+                "device.lnc",
+                run.device.lnc,
+                "a logical NeuronCore is 1 or 2 physical cores",
+                "device.lnc=2 (trn2 default) or 1",
+            )
+        )
+    if run.device.instance not in devices.NEURON_INSTANCES:
+        known = ", ".join(devices.NEURON_INSTANCES)
+        problems.append(
+            Problem(
+                "device.instance",
+                run.device.instance,
+                "no checked facts (cores, HBM, FLOPS) for this instance",
+                f"one of: {known}",
+            )
+        )
+    return problems
+
+
 def check_training(run: RunConf) -> list[Problem]:
     problems = []
     for key in ("steps", "seq_len", "local_batch_size"):
@@ -117,6 +143,13 @@ def check_titan(run: RunConf, run_dir: str):
     root.setLevel(max(level, logging.ERROR))  # rank 0 logs torchtitan's INFO and warnings; once is enough
     try:
         trial = copy.deepcopy(to_trainer_config(run, run_dir))
+        if hasattr(trial.model_spec.model, "layers"):  # native: degrees before torchtitan's own check
+            from qwen3_trainium import memory
+            from qwen3_trainium.preflight.system import check_degrees
+
+            degree_problems, _ = check_degrees(run, memory.model_shape(trial.model_spec.model))
+            if degree_problems:
+                return degree_problems, None
         trial.model_spec.model.update_from_config(config=trial)
         try:
             apply_overrides(trial.override, trial)
