@@ -8,6 +8,7 @@ devices again, so every rank trains exactly the config that was checked and prin
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -81,6 +82,24 @@ def _resolve_hf(run: RunConf) -> None:
         return  # pre-flight reports it, with the download command
     run.model.hf_model = model_dir
     run.data.hf_assets_path = model_dir
+
+
+@dataclass(frozen=True)
+class Degrees:
+    world: int  # launcher.nnodes x launcher.nproc_per_node
+    fixed: int  # replicate x tensor x pipeline x context: every degree but the FSDP shard
+    shard: int  # data_parallel_shard_degree with -1 resolved (what the others leave)
+
+
+def degrees(run: RunConf) -> Degrees:
+    par = run.parallel
+    world = run.launcher.nnodes * run.launcher.nproc_per_node
+    fixed = (
+        par.data_parallel_replicate_degree * par.tensor_parallel_degree
+        * par.pipeline_parallel_degree * par.context_parallel_degree
+    )  # fmt: skip
+    shard = par.data_parallel_shard_degree if par.data_parallel_shard_degree != -1 else world // max(fixed, 1)
+    return Degrees(world, fixed, shard)
 
 
 def to_yaml(run: RunConf) -> str:

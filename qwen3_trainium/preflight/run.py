@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from qwen3_trainium import devices
+from qwen3_trainium import devices, runconfig
 from qwen3_trainium.preflight.problem import Problem
 from qwen3_trainium.schema import AttnBackend, RunConf
 
@@ -81,11 +81,8 @@ def check_training(run: RunConf) -> list[Problem]:
 
 def check_world_size(run: RunConf) -> list[Problem]:
     par, launcher = run.parallel, run.launcher
-    world = launcher.nnodes * launcher.nproc_per_node
-    fixed = (
-        par.data_parallel_replicate_degree * par.tensor_parallel_degree
-        * par.pipeline_parallel_degree * par.context_parallel_degree
-    )  # fmt: skip
+    resolved = runconfig.degrees(run)
+    world, fixed = resolved.world, resolved.fixed
     shard = par.data_parallel_shard_degree
     if world < 1 or (world % fixed == 0 if shard == -1 else fixed * shard == world):
         return []

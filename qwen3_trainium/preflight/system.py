@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import math
 
-from qwen3_trainium import devices, memory
+from qwen3_trainium import devices, memory, runconfig
 from qwen3_trainium.preflight.problem import Problem
 from qwen3_trainium.schema import ModelPath, RunConf
 
@@ -79,14 +79,8 @@ def versions(run: RunConf, *, launching: bool) -> tuple[list[Problem], str]:
 def check_degrees(run: RunConf, shape: memory.ModelShape) -> tuple[list[Problem], str]:
     """(problems, the arithmetic) for the degrees against the world and the model."""
     par, launcher = run.parallel, run.launcher
-    world = launcher.nnodes * launcher.nproc_per_node
-    fixed = (
-        par.data_parallel_replicate_degree
-        * par.tensor_parallel_degree
-        * par.pipeline_parallel_degree
-        * par.context_parallel_degree
-    )
-    shard = par.data_parallel_shard_degree if par.data_parallel_shard_degree != -1 else world // max(fixed, 1)
+    resolved = runconfig.degrees(run)
+    world, shard = resolved.world, resolved.shard
     problems = []
     tp = par.tensor_parallel_degree
     for what, count in (("attention heads", shape.n_heads), ("KV heads", shape.n_kv_heads)):
@@ -163,15 +157,7 @@ def check_degrees(run: RunConf, shape: memory.ModelShape) -> tuple[list[Problem]
 
 
 def check_memory(run: RunConf, shape: memory.ModelShape) -> tuple[list[Problem], memory.Estimate]:
-    par = run.parallel
-    world = run.launcher.nnodes * run.launcher.nproc_per_node
-    fixed = (
-        par.data_parallel_replicate_degree
-        * par.tensor_parallel_degree
-        * par.pipeline_parallel_degree
-        * par.context_parallel_degree
-    )
-    shard = par.data_parallel_shard_degree if par.data_parallel_shard_degree != -1 else world // max(fixed, 1)
+    shard = runconfig.degrees(run).shard
     info = devices.device_info(
         run.device.type.value,
         lnc=run.device.lnc,
