@@ -99,7 +99,7 @@ def _metrics(run: RunConf, run_dir: str):
 OWN_CHECKPOINT_FIELDS = ("allow_partial_load", "export_check")  # used in the parent only
 
 
-def _hf_config_json(run: RunConf, spec, source_dir: str | None) -> str:
+def _hf_config_json(spec, source_dir: str | None) -> str:
     """config.json for an HF export: the source model's own, else one made from the flavor."""
     if source_dir and os.path.isfile(os.path.join(source_dir, "config.json")):
         with open(os.path.join(source_dir, "config.json")) as f:
@@ -123,11 +123,11 @@ def _checkpoint(run: RunConf, spec, run_dir: str):
         if not fields["enable"]:  # load the weights, save nothing
             fields.update(enable=True, load_only=True)
     if fields["last_save_in_hf"]:
-        source = run.model.hf_model if run.model.path is ModelPath.hf else fields["initial_load_path"]
-        source = source if fields["initial_load_in_hf"] or run.model.path is ModelPath.hf else None
-        fields.update(
-            hf_config_json=_hf_config_json(run, spec, source), tokenizer_dir=run.data.hf_assets_path
-        )
+        if run.model.path is ModelPath.hf:
+            source = run.model.hf_model
+        else:
+            source = fields["initial_load_path"] if fields["initial_load_in_hf"] else None
+        fields.update(hf_config_json=_hf_config_json(spec, source), tokenizer_dir=run.data.hf_assets_path)
         if run.checkpoint.export_check:
             fields["probe_path"] = os.path.join(run_dir, PROBE_NAME)
     return Qwen3CheckpointManager.Config(**fields)
