@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-neuron doctor smoke smoke-native smoke-hf smoke-nki-moe test test-fast lint format bench bench-paths assets clean
+.PHONY: setup setup-neuron doctor smoke smoke-native smoke-hf smoke-nki-moe sweep-paths wandb-sync test test-fast lint format bench bench-paths assets clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,17 @@ smoke-hf: setup
 
 smoke-nki-moe: setup
 	$(PY) launch.py model=nki_moe smoke=on
+
+# The three training paths side by side: one summary table, summary.csv/md and loss.png.
+sweep-paths: setup
+	$(PY) launch.py -m model=hf,native,nki_moe smoke=on
+
+# Upload offline W&B runs (needs WANDB_API_KEY and a network): every run under RUNS (default runs/).
+RUNS ?= runs
+wandb-sync: setup
+	@found=$$(find $(RUNS) -type d -name 'offline-run-*' -path '*/wandb/*' 2>/dev/null | sort); \
+	if [ -z "$$found" ]; then echo "no offline W&B runs under $(RUNS)/"; exit 0; fi; \
+	echo "$$found" | xargs $(VENV)/bin/wandb sync
 
 test: setup
 	$(PY) -m pytest

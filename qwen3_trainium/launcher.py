@@ -6,18 +6,53 @@ One launch form for every path and device, the guide's:
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import subprocess
 import sys
+import time
+import traceback
+from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from qwen3_trainium import devices, preflight, runconfig, titan, tracking
-from qwen3_trainium.schema import RunConf
+from qwen3_trainium import devices, preflight, report, runconfig, titan, tracking
+from qwen3_trainium.schema import Progress, RunConf
 from qwen3_trainium.titan import CONFIG_FUNCTION, CONFIG_MODULE, RUN_DIR_ENV
 
 RANK_ENTRY = "qwen3_trainium.train"
+TORCHRUN_LOG = "torchrun.log"
+TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class Job:
+    """What Hydra knows of one job: where it runs, what the user overrode, which sweep it is in."""
+
+    run_dir: str
+    launch_dir: str
+    run_name: str = "default"
+    overrides: tuple[str, ...] = ()
+    choices: dict[str, str] = field(default_factory=dict)
+    sweep_dir: str | None = None  # multirun only
+    num: int = 0
+
+    @classmethod
+    def from_hydra(cls, hydra_cfg, launch_dir: str) -> Job:
+        from hydra.types import RunMode
+
+        multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        choices = {k: str(v) for k, v in hydra_cfg.runtime.choices.items() if v is not None}
+        return cls(
+            run_dir=hydra_cfg.runtime.output_dir,
+            launch_dir=launch_dir,
+            run_name=hydra_cfg.job.override_dirname or "default",
+            overrides=tuple(hydra_cfg.overrides.task),
+            choices=choices,
+            sweep_dir=os.path.join(launch_dir, hydra_cfg.sweep.dir) if multirun else None,
+            num=OmegaConf.select(hydra_cfg, "job.num", default=0),
+        )
 
 
 def torchrun_executable() -> str:
@@ -78,45 +113,120 @@ def describe(run: RunConf, argv: list[str], env: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def launch(argv: list[str], env: dict[str, str]) -> int:
-    """Run torchrun with rank 0's output streamed; return its exit status."""
-    completed = subprocess.run(argv, env={**os.environ, **env}, check=False)
-    return completed.returncode
+def use_progress(mode: Progress, tty: bool) -> bool:
+    return mode is Progress.on or (mode is Progress.auto and tty)
 
 
-def run_job(cfg: DictConfig, *, run_dir: str, run_name: str, launch_dir: str) -> int:
-    """Resolve, check, describe or launch one job; return its exit status."""
+def _tail(path: str, lines: int = TAIL_LINES) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def launch(argv: list[str], env: dict[str, str], *, run_dir: str, total_steps: int, progress: bool) -> int:
+    """Run torchrun; return its exit status. Without ``progress`` rank 0's output streams to the
+    terminal; with it, torchrun's output goes to ``<run_dir>/torchrun.log`` and one live line
+    shows steps, loss, tokens/s and ETA (the log's tail is printed if the run fails)."""
+    full_env = {**os.environ, **env}
+    if not progress:
+        return subprocess.run(argv, env=full_env, check=False).returncode
+    from qwen3_trainium.progress import ProgressLine
+
+    log_path = os.path.join(run_dir, TORCHRUN_LOG)
+    print(f"[qwen3-trainium] rank 0's output: {log_path} (every rank: {run_dir}/logs)", flush=True)
+    with open(log_path, "w") as log, ProgressLine(run_dir, total_steps, sys.stdout):
+        code = subprocess.run(
+            argv, env=full_env, stdout=log, stderr=subprocess.STDOUT, check=False
+        ).returncode
+    if code != 0:
+        print(f"[qwen3-trainium] torchrun exited {code}; the end of {log_path}:", file=sys.stderr)
+        print(_tail(log_path), file=sys.stderr, end="", flush=True)
+    return code
+
+
+def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
+    """(status, exit code) of resolving, checking, describing or launching one job."""
     missing = preflight.missing_values(cfg)
     if missing:
         print(preflight.format_problems(missing), file=sys.stderr)
-        return 2
-    run = runconfig.resolve(cfg, launch_dir)
-    run.run_name = run.run_name or run_name
+        return "failed", 2
+    run = runconfig.resolve(cfg, job.launch_dir)
+    run.run_name = run.run_name or job.run_name
     if run.doctor:
         from qwen3_trainium import doctor
 
-        healthy, text = doctor.report(run, launch_dir, tty=sys.stdout.isatty())
+        healthy, text = doctor.report(run, job.launch_dir, tty=sys.stdout.isatty())
         print(text)
-        return 0 if healthy else 1
+        return ("ok", 0) if healthy else ("failed", 1)
     notes: list[str] = []
-    problems = preflight.check(run, run_dir, launching=not run.dry_run, notes=notes)
+    problems = preflight.check(run, job.run_dir, launching=not run.dry_run, notes=notes)
     if problems:
         print(preflight.format_problems(problems), file=sys.stderr)
-        return 2
+        return "failed", 2
     for note in notes:
         print(f"[qwen3-trainium] {note}", flush=True)
-    argv, env = torchrun_argv(run, run_dir), rank_env(run, run_dir, dict(os.environ))
+    if run.tracking.wandb:
+        create = not run.dry_run
+        tracking.fill_identity(run, job.run_dir, choices=job.choices, sweep_dir=job.sweep_dir, create=create)
+    argv, env = torchrun_argv(run, job.run_dir), rank_env(run, job.run_dir, dict(os.environ))
     if run.dry_run:
         print(describe(run, argv, env))
-        return 0
-    runconfig.save(run, run_dir)
-    print(f"[qwen3-trainium] run directory: {run_dir}", flush=True)
+        return "dry_run", 0
+    report.update_job(
+        job.run_dir,
+        run_name=run.run_name,
+        total_steps=run.training.steps,
+        versions=preflight.installed_versions(run),
+        git_commit=tracking.git_commit(),
+    )
+    runconfig.save(run, job.run_dir)
+    print(f"[qwen3-trainium] run directory: {job.run_dir}", flush=True)
     print(f"[qwen3-trainium] {shlex.join(argv)}", flush=True)
-    code = launch(argv, env)
+    progress = use_progress(run.launcher.progress, sys.stdout.isatty())
+    code = launch(argv, env, run_dir=job.run_dir, total_steps=run.training.steps, progress=progress)
+    report.plot_run(job.run_dir, run.run_name)
     if code == 0 and run.checkpoint.enable and run.checkpoint.last_save_in_hf and run.checkpoint.export_check:
         from qwen3_trainium import export_check
 
-        passed, line = export_check.verify(run, run_dir)
+        passed, line = export_check.verify(run, job.run_dir)
         print(f"[qwen3-trainium] {line}", flush=True)
         code = 0 if passed else 3
+    return ("ok" if code == 0 else "failed"), code
+
+
+def run_job(cfg: DictConfig, job: Job) -> int:
+    """One job, recorded in ``<run_dir>/job.json`` (status, exit code, wall time) for summaries."""
+    start = time.monotonic()
+    report.update_job(
+        job.run_dir, job_num=job.num, overrides=list(job.overrides), status="running", started_at=time.time()
+    )
+    status, code = "failed", 1
+    try:
+        status, code = _run_job(cfg, job)
+    finally:
+        report.update_job(job.run_dir, status=status, exit_code=code, wall_s=time.monotonic() - start)
     return code
+
+
+def hydra_task(cfg: DictConfig) -> float:
+    """The body of ``launch.py``'s ``@hydra.main``. A single run exits with the job's status; in a
+    multirun a failed job (even one that raised) is recorded and the sweep goes on. Returns the
+    final loss (NaN if the job failed): the objective of sweepers such as Optuna."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    job = Job.from_hydra(hydra_cfg, os.getcwd())
+    if hydra_cfg.mode == RunMode.RUN:
+        code = run_job(cfg, job)
+        if code != 0:
+            sys.exit(code)
+        return report.final_loss(job.run_dir)
+    try:
+        code = run_job(cfg, job)
+    except Exception:
+        traceback.print_exc()  # a bug, shown in full; recorded as failed and the sweep goes on
+        code = 1
+    return report.final_loss(job.run_dir) if code == 0 else math.nan

@@ -84,6 +84,42 @@ class JsonlLogger(BaseLogger):
         self._file.close()
 
 
+class WandbRunLogger(BaseLogger):
+    """One W&B run per run directory: the resolved config (every group) as its config, name,
+    stable id, group and tags from ``resolved.yaml``, the versions and git commit of
+    ``job.json`` in its summary. ``resume="allow"``: a resumed run continues its history."""
+
+    def __init__(self, run_dir: str) -> None:
+        import wandb
+        from omegaconf import OmegaConf
+
+        from qwen3_trainium import report, runconfig
+
+        run = runconfig.load(os.path.join(run_dir, runconfig.RESOLVED_NAME))
+        config = OmegaConf.to_container(OmegaConf.structured(run), enum_to_str=True)
+        job = report.read_json(os.path.join(run_dir, report.JOB_NAME))
+        track = run.tracking
+        self._run = wandb.init(
+            project=track.project,
+            name=run.run_name,
+            id=track.run_id or None,
+            group=track.group or None,
+            tags=track.tags,
+            config=config,
+            dir=run_dir,
+            resume="allow",
+        )
+        self._run.summary.update(
+            {"versions": job.get("versions", {}), "git_commit": job.get("git_commit", "")}
+        )
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self._run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
 class JsonlMetricsProcessor(MetricsProcessor):
     """torchtitan's metrics processor plus ``metrics.jsonl`` on the metrics rank."""
 
@@ -97,6 +133,9 @@ class JsonlMetricsProcessor(MetricsProcessor):
 
         memory_capacity_gib: float = 0.0
         """Device memory per rank; above 90% of it a warning is logged once (0: unknown)."""
+
+        wandb_run_dir: str = ""
+        """Log to W&B as the run of this directory (``WandbRunLogger``); empty: no W&B."""
 
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)
@@ -134,8 +173,14 @@ class JsonlMetricsProcessor(MetricsProcessor):
         )
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         metrics_rank = _get_metrics_rank(parallel_dims=parallel_dims, pp_schedule=pp_schedule)
-        if not config.jsonl_path or rank != metrics_rank:
+        if rank != metrics_rank or not (config.jsonl_path or config.wandb_run_dir):
             return base
         container = base if isinstance(base, LoggerContainer) else LoggerContainer()
-        container.add_logger(JsonlLogger(config.jsonl_path, report_mfu=config.report_mfu))
+        if config.jsonl_path:
+            container.add_logger(JsonlLogger(config.jsonl_path, report_mfu=config.report_mfu))
+        if config.wandb_run_dir:
+            try:
+                container.add_logger(WandbRunLogger(config.wandb_run_dir))
+            except Exception as e:  # like torchtitan's: a tracker that fails must not stop training
+                logger.warning(f"W&B logging is off for this run: {type(e).__name__}: {e}")
         return container

@@ -44,6 +44,12 @@ class ParamDtype(Enum):
     bfloat16 = "bfloat16"
 
 
+class Progress(Enum):
+    auto = "auto"  # a live progress line when stdout is a terminal, else rank 0's log streams
+    on = "on"  # always the progress line (rank logs only in <run_dir>/logs)
+    off = "off"  # always stream rank 0's log
+
+
 class ACMode(Enum):
     none = "none"
     selective = "selective"
@@ -129,6 +135,7 @@ class LauncherConf:
     rdzv_backend: str = "c10d"
     rdzv_endpoint: str = "localhost:0"
     log_rank: int = 0  # the local rank whose output is streamed to the terminal
+    progress: Progress = Progress.auto  # the live progress line (steps, loss, tokens/s, ETA)
 
 
 @dataclass
@@ -173,11 +180,16 @@ class CheckpointConf:
 
 @dataclass
 class TrackingConf:
-    wandb: bool = True
+    """Each tracker is switched on by its own option, so ``tracking=[wandb,tensorboard]`` composes."""
+
+    wandb: bool = False
     wandb_mode: str = "auto"  # auto: online when WANDB_API_KEY is set, else offline
     project: str = "qwen3-trainium"
-    tensorboard: bool = False
+    tensorboard: bool = False  # torchtitan's TensorBoard logger, under <run_dir>/tb
     log_freq: int = 1
+    run_id: str = ""  # W&B run id; empty: made once and kept in <run_dir>/wandb_run_id (resume reuses it)
+    group: str = ""  # W&B group; empty: the multirun's sweep id (none for a single run)
+    tags: list[str] = field(default_factory=list)  # added to the model:, device:, parallel: tags
 
 
 @dataclass

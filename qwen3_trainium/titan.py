@@ -86,8 +86,9 @@ def _metrics(run: RunConf, run_dir: str):
     )
     return JsonlMetricsProcessor.Config(
         log_freq=track.log_freq,
-        enable_wandb=track.wandb,
+        enable_wandb=False,  # ours (below): the resolved config, a stable id, the sweep as group
         enable_tensorboard=track.tensorboard,
+        wandb_run_dir=run_dir if track.wandb else "",
         disable_color_printing=True,
         jsonl_path=os.path.join(run_dir, METRICS_NAME),
         # torchtitan's peak-FLOPS table falls back to A100 figures off-GPU: MFU is meaningless on CPU.

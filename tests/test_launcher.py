@@ -50,13 +50,12 @@ def test_trn2_dp64_env_has_the_neuron_settings(tmp_path):
     assert "OMP_NUM_THREADS" not in env
 
 
-def test_wandb_is_offline_without_an_api_key_and_named_after_the_overrides(tmp_path):
+def test_wandb_is_offline_without_an_api_key(tmp_path):
     run = resolve("device=cpu")
-    run.run_name = "model=native,smoke=on"
     env = launcher.rank_env(run, str(tmp_path), {})
     assert env["WANDB_MODE"] == "offline"
-    assert env["WANDB_RUN_NAME"] == "model=native,smoke=on"
     assert launcher.rank_env(run, str(tmp_path), {"WANDB_API_KEY": "k"})["WANDB_MODE"] == "online"
+    assert launcher.rank_env(run, str(tmp_path), {"WANDB_MODE": "disabled"})["WANDB_MODE"] == "disabled"
 
 
 def test_tracking_off_sets_no_wandb_env(tmp_path):

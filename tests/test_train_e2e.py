@@ -23,7 +23,7 @@ def test_smoke_one_rank_trains_ten_steps_with_falling_loss_and_offline_wandb(tmp
     assert rows[-1]["loss"] < rows[0]["loss"]
     assert all(r["tokens_per_second"] > 0 and r["memory_max_active_gib"] > 0 for r in rows)
     assert (run_dir / "resolved.yaml").is_file()
-    offline_runs = list(run_dir.glob("tb/*/wandb/offline-run-*/run-*.wandb"))
+    offline_runs = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(offline_runs) == 1
 
 

@@ -18,10 +18,10 @@ from qwen3_trainium.preflight.run import (
     check_training,
     check_world_size,
 )
-from qwen3_trainium.preflight.system import check_degrees, check_memory, versions
+from qwen3_trainium.preflight.system import check_degrees, check_memory, installed_versions, versions
 from qwen3_trainium.schema import RunConf
 
-__all__ = ["Problem", "check", "format_problems", "missing_values"]
+__all__ = ["Problem", "check", "format_problems", "installed_versions", "missing_values"]
 
 
 def missing_values(cfg) -> list[Problem]:

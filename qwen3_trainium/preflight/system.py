@@ -44,6 +44,16 @@ def _matches(version: str, required: str) -> bool:
     return version.split("+")[0].split(".")[: len(want)] == want
 
 
+RECORDED = ("omegaconf", "wandb", "tensorboard", "hydra-optuna-sweeper", "hydra-submitit-launcher")
+
+
+def installed_versions(run: RunConf) -> dict[str, str]:
+    """The versions a run records (W&B summary, job.json): every checked package plus the
+    tracking and sweep plugins; packages that are not installed are left out."""
+    names = [*REQUIRED, *(NEURON_REQUIRED if run.device.type.value == "neuron" else ()), *RECORDED]
+    return {name: version for name in names if (version := installed(name))}
+
+
 def versions(run: RunConf, *, launching: bool) -> tuple[list[Problem], str]:
     """(problems, the table). Neuron packages are required when launching on Neuron; a wrong
     installed version is an error anywhere."""

@@ -1,0 +1,156 @@
+"""What a run leaves for people: ``job.json`` (how the job went), its summary row, loss plots,
+and a sweep's ``summary.csv`` / ``summary.md`` / ``loss.png``.
+
+Everything is read back from run directories (``job.json``, ``metrics.jsonl``), so a summary
+can be made for jobs that ran in other processes or on other machines (Slurm).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+JOB_NAME = "job.json"
+METRICS_NAME = "metrics.jsonl"
+PLOT_NAME = "loss.png"
+COLUMNS = (
+    "job",
+    "overrides",
+    "status",
+    "steps",
+    "first_loss",
+    "final_loss",
+    "median_tokens_per_s",
+    "peak_memory_gib",
+    "wall_s",
+)
+
+
+def read_json(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def update_job(run_dir: str, **fields: Any) -> dict[str, Any]:
+    """Merge ``fields`` into ``<run_dir>/job.json`` (written whole, then renamed into place)."""
+    path = os.path.join(run_dir, JOB_NAME)
+    record = read_json(path) | fields
+    os.makedirs(run_dir, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+    return record
+
+
+def read_metrics(run_dir: str) -> list[dict[str, Any]]:
+    """Rows of ``metrics.jsonl``; a line still being written is skipped. A resumed run's file
+    holds the earlier attempt's rows too: a repeated step keeps its latest row."""
+    by_step: dict[int, dict[str, Any]] = {}
+    try:
+        with open(os.path.join(run_dir, METRICS_NAME)) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and isinstance(row.get("step"), int):
+                    by_step[row["step"]] = row
+    except OSError:
+        return []
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def final_loss(run_dir: str) -> float:
+    """The last logged loss (the Optuna objective); NaN when the run logged none."""
+    losses = [r["loss"] for r in read_metrics(run_dir) if isinstance(r.get("loss"), (int, float))]
+    return float(losses[-1]) if losses else math.nan
+
+
+def _number(rows: list[dict], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+
+
+def run_row(run_dir: str, job: int | str = "") -> dict[str, Any]:
+    """One summary row: overrides, status, steps done of total, first/final loss, median tokens/s,
+    peak memory of the fullest rank, wall time."""
+    record = read_json(os.path.join(run_dir, JOB_NAME))
+    rows = read_metrics(run_dir)
+    losses = _number(rows, "loss")
+    tps = _number(rows, "tokens_per_second")
+    memory = _number(rows, "memory_max_all_ranks_gib") or _number(rows, "memory_max_active_gib")
+    done = rows[-1]["step"] if rows else 0
+    return {
+        "job": job,
+        "overrides": " ".join(record.get("overrides", [])),
+        "status": record.get("status", "unknown"),
+        "steps": f"{done}/{record.get('total_steps', '?')}",
+        "first_loss": round(losses[0], 4) if losses else "",
+        "final_loss": round(losses[-1], 4) if losses else "",
+        "median_tokens_per_s": round(statistics.median(tps)) if tps else "",
+        "peak_memory_gib": round(max(memory), 3) if memory else "",
+        "wall_s": round(record["wall_s"], 1) if isinstance(record.get("wall_s"), (int, float)) else "",
+        "run_dir": run_dir,
+    }
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|") or "-"
+
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell(row[c]) for c in COLUMNS) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def plot_losses(series: dict[str, list[dict[str, Any]]], path: str, title: str) -> bool:
+    """Loss against step, one line per label, into a PNG (headless). False when nothing to plot."""
+    curves = {label: [(r["step"], r["loss"]) for r in rows if "loss" in r] for label, rows in series.items()}
+    curves = {label: points for label, points in curves.items() if points}
+    if not curves:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for label, points in curves.items():
+        steps, losses = zip(*points, strict=True)
+        ax.plot(steps, losses, marker="." if len(steps) < 50 else None, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def plot_run(run_dir: str, label: str) -> bool:
+    return plot_losses({label: read_metrics(run_dir)}, os.path.join(run_dir, PLOT_NAME), label)
+
+
+def write_summary(sweep_dir: str, rows: list[dict[str, Any]], labels: list[str]) -> str:
+    """``summary.csv``, ``summary.md`` and ``loss.png`` in the sweep directory; returns the table."""
+    with open(os.path.join(sweep_dir, "summary.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*COLUMNS, "run_dir"])
+        writer.writeheader()
+        writer.writerows(rows)
+    table = markdown_table(rows)
+    with open(os.path.join(sweep_dir, "summary.md"), "w") as f:
+        f.write(f"# Sweep {sweep_dir}\n\n{table}\n")
+    series = {label: read_metrics(row["run_dir"]) for label, row in zip(labels, rows, strict=True)}
+    plot_losses(series, os.path.join(sweep_dir, PLOT_NAME), "sweep " + "/".join(Path(sweep_dir).parts[-2:]))
+    return table
