@@ -12,7 +12,7 @@ runconfig.register_resolvers()
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> float:
+def main(cfg: DictConfig) -> float | None:
     return launcher.hydra_task(cfg)
 
 

@@ -6,7 +6,6 @@ One launch form for every path and device, the guide's:
 
 from __future__ import annotations
 
-import math
 import os
 import shlex
 import subprocess
@@ -177,7 +176,6 @@ def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
     report.update_job(
         job.run_dir,
         run_name=run.run_name,
-        total_steps=run.training.steps,
         versions=preflight.installed_versions(run),
         git_commit=tracking.git_commit(),
     )
@@ -200,7 +198,12 @@ def run_job(cfg: DictConfig, job: Job) -> int:
     """One job, recorded in ``<run_dir>/job.json`` (status, exit code, wall time) for summaries."""
     start = time.monotonic()
     report.update_job(
-        job.run_dir, job_num=job.num, overrides=list(job.overrides), status="running", started_at=time.time()
+        job.run_dir,
+        job_num=job.num,
+        overrides=list(job.overrides),
+        total_steps=OmegaConf.select(cfg, "training.steps", default=None),
+        status="running",
+        started_at=time.time(),
     )
     status, code = "failed", 1
     try:
@@ -210,10 +213,11 @@ def run_job(cfg: DictConfig, job: Job) -> int:
     return code
 
 
-def hydra_task(cfg: DictConfig) -> float:
+def hydra_task(cfg: DictConfig) -> float | None:
     """The body of ``launch.py``'s ``@hydra.main``. A single run exits with the job's status; in a
     multirun a failed job (even one that raised) is recorded and the sweep goes on. Returns the
-    final loss (NaN if the job failed): the objective of sweepers such as Optuna."""
+    final loss, the objective of sweepers such as Optuna; None for a failed job, which Optuna
+    records as a failed trial (a NaN would make optuna 2.10 raise in ``study.tell``)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -229,4 +233,4 @@ def hydra_task(cfg: DictConfig) -> float:
     except Exception:
         traceback.print_exc()  # a bug, shown in full; recorded as failed and the sweep goes on
         code = 1
-    return report.final_loss(job.run_dir) if code == 0 else math.nan
+    return report.final_loss(job.run_dir) if code == 0 else None

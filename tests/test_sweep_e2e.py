@@ -183,3 +183,19 @@ def test_optuna_searches_the_learning_rate_on_the_final_loss(tmp_path):
     assert result["best_value"] == pytest.approx(min(float(r["final_loss"]) for r in rows), abs=1e-4)
     lrs = {float(r["overrides"].split("optimizer.lr=")[1].split()[0]) for r in rows}
     assert len(lrs) == 2 and all(1e-4 <= lr <= 1e-2 for lr in lrs)
+
+
+def test_optuna_records_failed_trials_and_searches_on(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = run_launch(
+        "-m", "hydra/sweeper=lr_search", "hydra.sweeper.n_trials=3", "training.steps=choice(0,1,2,3)", "smoke=on",
+        "tracking=off", f"hydra.sweep.dir={sweep_dir}",
+    )  # fmt: skip
+    rows = summary_rows(sweep_dir)
+    failed = [r for r in rows if r["status"] == "failed"]
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(rows) == 3 and failed and ok  # seeded TPE: steps=0 (refused before launch) and a real run
+    assert all("training.steps=0" in r["overrides"] for r in failed)
+    assert proc.returncode == 1 and f"{len(failed)} of 3 jobs failed" in proc.stderr
+    result = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert result["best_value"] == pytest.approx(min(float(r["final_loss"]) for r in ok), abs=1e-4)
