@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from qwen3_trainium import devices, preflight, report, runconfig, titan, tracking
+from qwen3_trainium import devices, nodes, preflight, report, runconfig, titan, tracking
 from qwen3_trainium.schema import Progress, RunConf
 from qwen3_trainium.titan import CONFIG_FUNCTION, CONFIG_MODULE, RUN_DIR_ENV
 
@@ -65,10 +65,7 @@ def torchrun_argv(run: RunConf, run_dir: str) -> list[str]:
         torchrun_executable(),
         f"--nnodes={launcher.nnodes}",
         f"--nproc_per_node={launcher.nproc_per_node}",
-        "--rdzv_backend",
-        launcher.rdzv_backend,
-        "--rdzv_endpoint",
-        launcher.rdzv_endpoint,
+        *nodes.rdzv_args(launcher),
         "--local-ranks-filter",
         str(launcher.log_rank),
         "--role",
@@ -88,7 +85,11 @@ def torchrun_argv(run: RunConf, run_dir: str) -> list[str]:
 
 def rank_env(run: RunConf, run_dir: str, environ: dict[str, str]) -> dict[str, str]:
     """The variables the launcher adds to (or changes in) the parent's environment."""
-    env = {RUN_DIR_ENV: run_dir, "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env = {
+        RUN_DIR_ENV: run_dir,
+        runconfig.RESOLVED_ENV: runconfig.resolved_name(run.launcher.node_rank),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
     env.update(
         devices.rank_env(
             run.device.type.value,
@@ -97,6 +98,7 @@ def rank_env(run: RunConf, run_dir: str, environ: dict[str, str]) -> dict[str, s
             compile_cache=run.device.compile_cache,
         )
     )
+    env.update(nodes.node_env(run.launcher, run.device.type.value))
     env.update(tracking.wandb_env(run, environ))
     return env
 
@@ -106,6 +108,11 @@ def describe(run: RunConf, argv: list[str], env: dict[str, str]) -> str:
     lines += ["# override.imports (applied by torchtitan in each rank, in this order)"]
     lines += [f"- {entry}" for entry in titan.override_imports(run)] or ["(none)"]
     lines += ["", "# torchrun command"]
+    if run.launcher.nnodes > 1:
+        lines[-1] += (
+            f" (on each of the {run.launcher.nnodes} nodes, one task per node;"
+            f" rendezvous on {nodes.shown_endpoint(run.launcher)})"
+        )
     lines.append(shlex.join(argv))
     lines += ["", "# environment (added to the current one)"]
     lines += [f"{key}={shlex.quote(value)}" for key, value in sorted(env.items())]
@@ -166,24 +173,28 @@ def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
         return "failed", 2
     for note in notes:
         print(f"[qwen3-trainium] {note}", flush=True)
-    if run.tracking.wandb:
+    lead = run.launcher.node_rank == 0  # of several nodes, node 0 records the job
+    if run.tracking.wandb and lead:
         create = not run.dry_run
         tracking.fill_identity(run, job.run_dir, choices=job.choices, sweep_dir=job.sweep_dir, create=create)
     argv, env = torchrun_argv(run, job.run_dir), rank_env(run, job.run_dir, dict(os.environ))
     if run.dry_run:
         print(describe(run, argv, env))
         return "dry_run", 0
-    report.update_job(
-        job.run_dir,
-        run_name=run.run_name,
-        versions=preflight.installed_versions(run),
-        git_commit=tracking.git_commit(),
-    )
+    if lead:
+        report.update_job(
+            job.run_dir,
+            run_name=run.run_name,
+            versions=preflight.installed_versions(run),
+            git_commit=tracking.git_commit(),
+        )
     runconfig.save(run, job.run_dir)
     print(f"[qwen3-trainium] run directory: {job.run_dir}", flush=True)
     print(f"[qwen3-trainium] {shlex.join(argv)}", flush=True)
     progress = use_progress(run.launcher.progress, sys.stdout.isatty())
     code = launch(argv, env, run_dir=job.run_dir, total_steps=run.training.steps, progress=progress)
+    if not lead:
+        return ("ok" if code == 0 else "failed"), code
     report.plot_run(job.run_dir, run.run_name)
     if code == 0 and run.checkpoint.enable and run.checkpoint.last_save_in_hf and run.checkpoint.export_check:
         from qwen3_trainium import export_check
@@ -195,7 +206,10 @@ def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
 
 
 def run_job(cfg: DictConfig, job: Job) -> int:
-    """One job, recorded in ``<run_dir>/job.json`` (status, exit code, wall time) for summaries."""
+    """One job, recorded in ``<run_dir>/job.json`` (status, exit code, wall time) for summaries
+    by its first node (every node of a multi-node job runs this, one torchrun each)."""
+    if nodes.node_rank(OmegaConf.select(cfg, "launcher.node_rank", default=-1), dict(os.environ)) != 0:
+        return _run_job(cfg, job)[1]
     start = time.monotonic()
     report.update_job(
         job.run_dir,

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from qwen3_trainium import flavors
+from qwen3_trainium import flavors, nodes
 from qwen3_trainium.schema import AttnBackend, DeviceType, ModelPath, ParamDtype, RunConf
 
 RESOLVED_NAME = "resolved.yaml"
+RESOLVED_ENV = "QWEN3_TRAINIUM_RESOLVED"
 ASSETS_DIR = Path(__file__).parent / "data"
 
 # Fields holding paths a user types; made absolute against the launch directory.
@@ -60,6 +61,7 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
     if run.launcher.nproc_per_node == -1 and known_instance and run.device.lnc in (1, 2):
         info = devices.device_info(device, lnc=run.device.lnc, instance=run.device.instance)
         run.launcher.nproc_per_node = info.devices_per_node  # else -1 stays: pre-flight explains
+    nodes.resolve_launcher(run.launcher, dict(os.environ))
     for group, key in _PATH_FIELDS:
         node = getattr(run, group)
         value = getattr(node, key)
@@ -106,11 +108,23 @@ def to_yaml(run: RunConf) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(run))
 
 
+def resolved_name(node_rank: int) -> str:
+    """Node 0's ``resolved.yaml``; every other node of a multi-node job writes its own beside it
+    (the run directory is shared, and the files differ in ``launcher.node_rank``)."""
+    return RESOLVED_NAME if node_rank <= 0 else f"resolved.node{node_rank}.yaml"
+
+
+def rank_config_path(run_dir: str, environ=os.environ) -> str:
+    """The resolved config this rank's node wrote (``QWEN3_TRAINIUM_RESOLVED``, set by the launcher)."""
+    return os.path.join(run_dir, environ.get(RESOLVED_ENV, RESOLVED_NAME))
+
+
 def save(run: RunConf, run_dir: str) -> str:
-    path = os.path.join(run_dir, RESOLVED_NAME)
+    path = os.path.join(run_dir, resolved_name(run.launcher.node_rank))
     os.makedirs(run_dir, exist_ok=True)
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:
         f.write(to_yaml(run))
+    os.replace(path + ".tmp", path)
     return path
 
 

@@ -133,7 +133,11 @@ class LauncherConf:
     nnodes: int = 1
     nproc_per_node: int = -1  # -1: one process per device (per logical NeuronCore)
     rdzv_backend: str = "c10d"
-    rdzv_endpoint: str = "localhost:0"
+    # auto: localhost:0 on one node; with several, the head node (first of SLURM_JOB_NODELIST):rdzv_port
+    rdzv_endpoint: str = "auto"
+    rdzv_port: int = 29500  # the head node's rendezvous port when rdzv_endpoint is auto
+    rdzv_id: str = "auto"  # auto: SLURM_JOB_ID under Slurm, else torchrun's default
+    node_rank: int = -1  # this node's place (-1: SLURM_NODEID, else 0); node 0 records the job
     log_rank: int = 0  # the local rank whose output is streamed to the terminal
     progress: Progress = Progress.auto  # the live progress line (steps, loss, tokens/s, ETA)
 

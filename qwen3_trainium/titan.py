@@ -192,5 +192,5 @@ def to_trainer_config(run: RunConf, run_dir: str):
 def trainer_config():
     """Zero-argument config function for ``torchtitan.train --module/--config`` (rank side)."""
     run_dir = os.environ[RUN_DIR_ENV]
-    run = runconfig.load(os.path.join(run_dir, runconfig.RESOLVED_NAME))
+    run = runconfig.load(runconfig.rank_config_path(run_dir))
     return to_trainer_config(run, run_dir)

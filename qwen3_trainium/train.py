@@ -12,7 +12,7 @@ from qwen3_trainium.titan import RUN_DIR_ENV
 
 
 def main() -> None:
-    run = runconfig.load(os.path.join(os.environ[RUN_DIR_ENV], runconfig.RESOLVED_NAME))
+    run = runconfig.load(runconfig.rank_config_path(os.environ[RUN_DIR_ENV]))
     devices.install_rank_device(run.device.type.value)
 
     from torchtitan.train import main as titan_main

@@ -14,6 +14,7 @@ from qwen3_trainium.preflight.run import (
     check_attention,
     check_device,
     check_device_present,
+    check_nodes,
     check_titan,
     check_training,
     check_world_size,
@@ -43,6 +44,7 @@ def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | Non
         check_attention(run)
         + check_training(run)
         + check_world_size(run)
+        + check_nodes(run, launching=launching)
         + check_data(run)
         + check_tokenizer_fits(run)
     )

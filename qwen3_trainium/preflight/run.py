@@ -79,6 +79,29 @@ def check_training(run: RunConf) -> list[Problem]:
     return problems
 
 
+def check_nodes(run: RunConf, *, launching: bool) -> list[Problem]:
+    """Several nodes need one rendezvous every node can reach, and a node rank inside the job."""
+    launcher, problems = run.launcher, []
+    if launcher.nnodes <= 1:
+        return problems
+    endpoint = launcher.rdzv_endpoint
+    fix = f"launcher.rdzv_endpoint=<head node host>:{launcher.rdzv_port} on every node, or submit with cluster=slurm_trn2"
+    if endpoint == "auto" and launching:
+        message = f"{launcher.nnodes} nodes need the head node's host:port, and this is no Slurm job (SLURM_JOB_NODELIST is unset)"
+        problems.append(Problem("launcher.rdzv_endpoint", endpoint, message, fix))
+    elif endpoint != "auto" and endpoint.rsplit(":", 1)[-1] in ("0", endpoint):
+        message = "port 0 (or none) lets torchrun pick a port on one node; the other nodes cannot find it"
+        problems.append(Problem("launcher.rdzv_endpoint", endpoint, message, fix))
+    if not 0 <= launcher.node_rank < launcher.nnodes:
+        message = f"must be in 0..{launcher.nnodes - 1} (launcher.nnodes={launcher.nnodes})"
+        problems.append(
+            Problem(
+                "launcher.node_rank", launcher.node_rank, message, "launcher.node_rank=-1 (from SLURM_NODEID)"
+            )
+        )
+    return problems
+
+
 def check_world_size(run: RunConf) -> list[Problem]:
     par, launcher = run.parallel, run.launcher
     resolved = runconfig.degrees(run)
