@@ -63,6 +63,10 @@ if ((${#need[@]})); then
     fi
     rc=0
     apt-get install -y --no-install-recommends "${need[@]}" >"/tmp/q3t-slurm-apt.log" 2>&1 || rc=$?
+    if ((rc)); then  # a fresh machine has no package lists yet
+        rc=0
+        { apt-get update && apt-get install -y --no-install-recommends "${need[@]}"; } >>"/tmp/q3t-slurm-apt.log" 2>&1 || rc=$?
+    fi
     ((made_policy)) && rm -f "$policy"
     if ((rc)); then
         tail -n 30 /tmp/q3t-slurm-apt.log >&2
