@@ -4,21 +4,41 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-neuron doctor smoke smoke-native smoke-hf smoke-nki-moe sweep-paths wandb-sync test test-fast lint format bench bench-paths assets clean
+.PHONY: setup setup-neuron lock doctor test-neuron test-gpu smoke smoke-native smoke-hf smoke-nki-moe sweep-paths wandb-sync test test-fast lint format bench bench-paths assets clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The CPU/CI stack: pyproject.toml's ranges, held to the exact versions CI proved (constraints.txt).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-# On a Trainium host: torch-neuronx and neuronx-cc from the Neuron pip repository (already in
-# pip's configuration on the Neuron DLAMI; elsewhere NEURON_PIP_INDEX=<its URL from AWS's setup guide>).
-setup-neuron: setup
-	$(PY) -m pip install $(if $(NEURON_PIP_INDEX),--extra-index-url $(NEURON_PIP_INDEX)) -r requirements-neuron.txt
-	$(PY) launch.py doctor=true device=neuron
+# Rewrite constraints.txt from a fresh venv with the newest versions pyproject.toml admits.
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install --quiet --upgrade pip
+	.venv-lock/bin/python -m pip install --quiet -e '.[dev]'
+	{ sed -n '1,3p' constraints.txt; .venv-lock/bin/python -m pip freeze --exclude-editable; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt && rm -rf .venv-lock
+
+# On a Trainium host: into the existing Neuron venv (NEURON_VENV=..., else the active venv with
+# torch_neuronx, else the DLAMI's), keeping its torch / torch-neuronx / neuronx-cc / nki /
+# torchtitan; only missing packages are installed. NEURON_PIP_INDEX=<the Neuron pip repository
+# URL from AWS's setup guide> when they come from there. Ends with the doctor report.
+NEURON_PY = $(shell cat .neuron-venv 2>/dev/null)/bin/python
+setup-neuron:
+	$(PYTHON) -m qwen3_trainium.setup_neuron
+	"$$(cat .neuron-venv)/bin/python" launch.py doctor=true device=neuron
+
+# The on-device checks (pytest -m neuron / -m gpu): on a trn2 after `make setup-neuron` they run
+# in the Neuron venv and write trn2_report.md; anywhere else every one is skipped with a reason.
+test-neuron: $(if $(wildcard .neuron-venv),,setup)
+	$(if $(wildcard .neuron-venv),$(NEURON_PY),$(PY)) -m pytest -m neuron
+
+test-gpu: setup
+	$(PY) -m pytest -m gpu
 
 doctor: setup
 	$(PY) launch.py doctor=true
