@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import zlib
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from torchtitan.models.common.moe import GroupedExperts, MoE
 
 from qwen3_trainium import flavors
 from qwen3_trainium.kernels import moe, moe_nki
+from tests.support import nki_standins as standins
 
 
 def _routing(num_tokens=50, top_k=2, num_experts=4, seed=0):
@@ -73,7 +75,8 @@ def _moe_pair(compute_dtype: str, float32_reference: bool):
         for module in (titan, ours):
             for name, p in module.named_parameters():
                 p.copy_(
-                    torch.randn(p.shape, generator=torch.Generator().manual_seed(hash(name) % 2**31)) * 0.1
+                    torch.randn(p.shape, generator=torch.Generator().manual_seed(zlib.crc32(name.encode())))
+                    * 0.1
                 )
             module.expert_bias_E.zero_()
     if float32_reference:
@@ -106,11 +109,15 @@ def test_float32_reference_matches_torchtitan_moe_outputs_and_all_gradients():
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=name)
 
 
-def test_bfloat16_compute_matches_stock_torchtitan_forward_exactly():
+def test_bfloat16_compute_matches_stock_torchtitan_forward_to_bfloat16_rounding():
+    """Both compute the experts in bfloat16, blocks against grouped GEMMs: the sums round apart
+    in a few elements (measured: 0.2% of them, by at most one bfloat16 step), never more."""
     titan, ours = _moe_pair("bfloat16", float32_reference=False)
     x = torch.randn(1, 256, 256, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        assert torch.equal(titan(x), ours(x))
+        want, got = titan(x), ours(x)
+    torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7)
+    assert (got == want).float().mean().item() > 0.99
 
 
 def _op_args(dtype, num_tokens=20, top_k=2, num_experts=3, dim=8, inter=6, block=256):
@@ -145,89 +152,52 @@ def test_opcheck_fake_and_autograd_registration():
     torch.library.opcheck(moe.moe_blockwise, args, test_utils=checks)
 
 
-class StandInMoE:
-    """Stands in for moe_cte / blockwise_mm_bwd: enforces their documented contract, computes with the reference."""
-
-    FORWARD_KEYS = {
-        "hidden_states", "expert_affinities_masked", "gate_up_proj_weight", "down_proj_weight",
-        "token_position_to_id", "block_to_expert", "block_size", "is_tensor_update_accumulating",
-        "spec", "activation_function", "expert_affinities_scaling_mode",
-    }  # fmt: skip
-
-    def __init__(self, lnc):
-        self.lnc = lnc
-
-    def forward(self, **kw):
-        assert set(kw) == self.FORWARD_KEYS, set(kw) ^ self.FORWARD_KEYS
-        args = [
-            kw[k]
-            for k in ("hidden_states", "expert_affinities_masked", "gate_up_proj_weight", "down_proj_weight")
-        ]
-        moe_nki.check_contract(
-            *args, kw["token_position_to_id"], kw["block_to_expert"], kw["block_size"], self.lnc
-        )
-        t_pad = kw["hidden_states"].shape[0] - 1
-        assert torch.all(kw["hidden_states"][t_pad] == 0), "padding row T must be zero"
-        assert torch.all(kw["expert_affinities_masked"].view(t_pad + 1, -1)[t_pad] == 0)
-        assert int(kw["token_position_to_id"].max()) <= t_pad, "empty slots point at the padding row"
-        return moe.moe_reference(
-            *args, kw["token_position_to_id"], kw["block_to_expert"], kw["block_size"], args[0].dtype
-        )
-
-    def backward(
-        self,
-        hidden,
-        aff,
-        gate_up,
-        down,
-        gu_act,
-        down_act,
-        tpid,
-        b2e,
-        grad_out,
-        *,
-        block_size,
-        is_tensor_update_accumulating,
-    ):
-        moe_nki.check_contract(hidden, aff, gate_up, down, tpid, b2e, block_size, self.lnc)
-        assert gu_act.shape == (b2e.numel(), 2, gate_up.shape[-1], block_size), (
-            "gate_up checkpoint [N, 2, I, B]"
-        )
-        assert down_act.shape == (b2e.numel(), block_size, hidden.shape[1]), "down checkpoint [N, B, H]"
-        assert grad_out.shape == hidden.shape
-        return moe.moe_reference_backward(
-            grad_out, hidden, aff, gate_up, down, tpid, b2e, gu_act, down_act, block_size
-        )
-
-
 @pytest.mark.parametrize("lnc", [1, 2])
-def test_neuron_wrapper_meets_the_kernel_contract(lnc):
-    args = _op_args(torch.float32, num_tokens=64, num_experts=4, dim=512, inter=64)
-    stand_in = StandInMoE(lnc)
-    out, gu_act, down_act = moe_nki.forward(*args, "float32", kernel=stand_in.forward, options={
-        "spec": None, "activation_function": "silu", "expert_affinities_scaling_mode": "post_scale"}, lnc=lnc)  # fmt: skip
-    ref = moe.moe_reference(*args, torch.float32)
-    assert torch.equal(out, ref[0]) and torch.equal(gu_act, ref[1]) and torch.equal(down_act, ref[2])
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_neuron_call_code_meets_the_documented_convention(lnc, compute_dtype):
+    """moe_nki against stand-ins: kernel[lnc](...), primitives across the traced boundary (the spec
+    built inside), compute_dtype passed as an NKI dtype, results from return values."""
+    args = _op_args(torch.float32, num_tokens=64, num_experts=4, dim=512, inter=128)
+    api = standins.moe_api()
+    out, gu_act, down_act = moe_nki.forward(*args, compute_dtype, api=api, lnc=lnc)
+    cast = [t.to(getattr(torch, compute_dtype)) for t in args[:4]]
+    ref = moe.moe_reference(*cast, *args[4:], getattr(torch, compute_dtype))
+    assert torch.equal(out, ref[0].float()) and torch.equal(gu_act, ref[1]) and torch.equal(down_act, ref[2])
     grad_out = torch.randn_like(out)
-    hidden, aff, gate_up, down, tpid, b2e, block = args
-    grads = moe_nki.backward(
-        grad_out,
-        hidden,
-        aff,
-        gate_up,
-        down,
-        tpid,
-        b2e,
-        gu_act,
-        down_act,
-        block,
-        kernel=stand_in.backward,
-        lnc=lnc,
+    grads = moe_nki.backward(grad_out, *args[:6], gu_act, down_act, args[6], api=api, lnc=lnc)
+    want = moe.moe_reference_backward(grad_out.to(gu_act.dtype), *cast, *args[4:6], gu_act, down_act, args[6])
+    assert all(torch.equal(a, b.to(a.dtype)) for a, b in zip(grads, want, strict=True))
+    assert api.blockwise_mm_bwd.launches == [lnc]
+
+
+def test_stand_ins_refuse_a_spec_across_the_boundary_and_a_call_without_the_grid():
+    api = standins.moe_api()
+    kernel = moe_nki.forward_kernel(api)
+    hidden, aff, gate_up, down, tpid, b2e, block = _op_args(
+        torch.float32, num_tokens=64, num_experts=4, dim=512, inter=128
     )
-    want = moe.moe_reference_backward(
-        grad_out, hidden, aff, gate_up, down, tpid, b2e, gu_act, down_act, block
+    spec = api.MoECTESpec(implementation=api.MoECTEImplementation.shard_on_i)
+    with pytest.raises(AssertionError, match="MoECTESpec crossed the kernel boundary"):
+        kernel[2](hidden, aff, gate_up, down, tpid, b2e, block, "nl.float32", True, spec)
+    with pytest.raises(AssertionError, match="without a launch grid"):
+        api.blockwise_mm_bwd(hidden_states=hidden)
+
+
+def test_the_op_on_neuron_runs_both_kernels(monkeypatch):
+    """The custom op's Neuron branch end to end (stand-ins): forward and backward through the kernels."""
+    api = standins.moe_api()
+    monkeypatch.setattr(moe.neuron, "on_neuron", lambda *tensors: True)
+    monkeypatch.setattr(moe_nki, "nki_api", lambda: api)
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    hidden, aff, gate_up, down, tpid, b2e, block = _op_args(
+        torch.float32, num_tokens=64, num_experts=4, dim=512, inter=128
     )
-    assert all(torch.equal(a, b) for a, b in zip(grads, want, strict=True))
+    leaves = [t.clone().requires_grad_() for t in (hidden, aff, gate_up, down)]
+    out, _, _ = moe.moe_blockwise(*leaves, tpid, b2e, block, "float32")
+    out.sum().backward()
+    ref = moe.moe_reference(hidden, aff, gate_up, down, tpid, b2e, block, torch.float32)
+    assert torch.equal(out, ref[0]) and all(leaf.grad is not None for leaf in leaves)
+    assert api.blockwise_mm_bwd.launches == [2]
 
 
 def test_contract_violations_are_clear_errors():
@@ -237,3 +207,6 @@ def test_contract_violations_are_clear_errors():
     args = list(_op_args(torch.float32, dim=512, inter=64, block=128))
     with pytest.raises(ValueError, match="block_size must be 256, 512 or 1024"):
         moe_nki.check_contract(*args, lnc=2)
+    args = list(_op_args(torch.float32, dim=512, inter=96))
+    with pytest.raises(ValueError, match="expert width I must be at least 128, got 96"):
+        moe_nki.check_contract(*args, lnc=1)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torchtitan.models.common.rope import CosSinRoPE
 
 from qwen3_trainium.kernels import rope
 from qwen3_trainium.overrides.nki import NkiRoPE
+from tests.support import nki_standins as standins
 
 SHAPES = [  # (B, S, Hq, Hk, D)
     (1, 256, 4, 2, 64),  # GQA
@@ -92,46 +95,62 @@ def test_op_checks_the_rule_on_every_device():
         rope.rope_hf(q[:, :200], k[:, :200], cache[:, :200], False)
 
 
-class StandInRopeHF:
-    """Stands in for nki-library's rope_hf: enforces its documented contract, computes with the reference."""
-
-    def __init__(self, lnc: int):
-        self.lnc, self.calls = lnc, 0
-
-    def __call__(self, q, k, q_out, k_out, cos=None, sin=None, rope_cache=None, backward=False):
-        b, hq, s, d = q.shape
-        assert k.dim() == 4 and k.shape[0] == b and k.shape[2] == s and k.shape[3] == d, (
-            "k must be [B, Hk, S, D]"
-        )
-        assert q_out.shape == q.shape and k_out.shape == k.shape, "outputs are caller-allocated like q, k"
-        assert (cos is None) == (sin is None) and (rope_cache is None) != (cos is None), (
-            "cos+sin or rope_cache"
-        )
-        assert rope_cache.shape[-1] == 2 * d and rope_cache.shape[-2] >= s, "rope_cache [B|-, S, 2D]"
-        assert rope_cache.dim() == 2 or rope_cache.shape[0] == b, "rope_cache 2-D or [B, S, 2D]"
-        assert rope_cache.dtype == q.dtype, "cos/sin tiles live in q's dtype"
-        assert s % (128 * self.lnc) == 0, f"seq len must be multiple of 128 * LNC={self.lnc}"
-        assert q.is_contiguous() and k.is_contiguous()
-        cache = rope_cache if rope_cache.dim() == 3 else rope_cache.unsqueeze(0)
-        qo, ko = rope.rope_reference(q.transpose(1, 2), k.transpose(1, 2), cache, backward)
-        q_out.copy_(qo.transpose(1, 2))
-        k_out.copy_(ko.transpose(1, 2))
-        self.calls += 1
-        return q_out, k_out
-
-
 @pytest.mark.parametrize("lnc", [1, 2])
 @pytest.mark.parametrize("batch_cache", [True, False])
-def test_neuron_wrapper_meets_the_kernel_contract(lnc, batch_cache):
+def test_neuron_call_code_meets_the_documented_convention(lnc, batch_cache):
+    """rope_nki against a stand-in that needs kernel[lnc](...) and poisons the buffers passed in."""
     q, k, positions = _inputs(2, 256, 4, 2, 64)
-    titan = _titan_rope(64)
-    cache = titan._reshape_cache(q, positions if batch_cache else None)[:, :, 0, :]
-    kernel = StandInRopeHF(lnc)
+    cache = _titan_rope(64)._reshape_cache(q, positions if batch_cache else None)[:, :, 0, :]
+    kernel = standins.rope_hf()
     for backward in (False, True):
         got = rope.rope_nki(q, k, cache, backward, kernel, lnc)
         want = rope.rope_reference(q, k, cache, backward)
         for a, b in zip(got, want, strict=True):
             assert (a - b).abs().max().item() == 0
-    assert kernel.calls == 2
+    assert kernel.launches == [lnc, lnc]
     with pytest.raises(ValueError, match="Nearest valid"):
         rope.rope_nki(q[:, :192], k[:, :192], cache[:, :192], False, kernel, lnc=2)
+
+
+def test_stand_in_catches_a_call_without_the_grid_and_a_read_of_the_buffers():
+    q, k, positions = _inputs(1, 256, 2, 1, 32)
+    cache = _titan_rope(32)._reshape_cache(q, positions)[0, :, 0, :]
+    q_bhsd, k_bhsd = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
+    q_out, k_out = torch.zeros_like(q_bhsd), torch.zeros_like(k_bhsd)
+    kernel = standins.rope_hf()
+    with pytest.raises(AssertionError, match="without a launch grid"):
+        kernel(q_bhsd, k_bhsd, q_out, k_out, rope_cache=cache, backward=False)
+    returned = kernel[2](q_bhsd, k_bhsd, q_out, k_out, rope_cache=cache, backward=False)
+    assert torch.isnan(q_out).all() and torch.isnan(k_out).all()  # a caller reading these fails parity
+    assert not torch.isnan(returned[0]).any()
+
+
+def test_the_op_on_neuron_runs_the_kernel_forward_and_backward(monkeypatch):
+    """The custom op's Neuron branch end to end (stand-in kernel): equal to CosSinRoPE, gradients too."""
+    kernel = standins.rope_hf()
+    monkeypatch.setattr(rope.neuron, "on_neuron", lambda *tensors: True)
+    monkeypatch.setattr(rope, "_nki_kernel", lambda: kernel)
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    q, k, positions = _inputs(2, 256, 4, 2, 64)
+    titan = _titan_rope(64)
+    ours = NkiRoPE(NkiRoPE.Config(dim=64, max_seq_len=4096, theta=1e6))
+    q1, k1 = q.clone().requires_grad_(), k.clone().requires_grad_()
+    q2, k2 = q.clone().requires_grad_(), k.clone().requires_grad_()
+    out_titan, out_ours = titan(q1, k1, positions), ours(q2, k2, positions)
+    grads = [torch.randn_like(t) for t in out_titan]
+    pairs = [*zip(out_titan, out_ours, strict=True)]
+    pairs += zip(
+        torch.autograd.grad(out_titan, (q1, k1), grads),
+        torch.autograd.grad(out_ours, (q2, k2), grads),
+        strict=True,
+    )
+    assert all((a - b).abs().max().item() == 0 for a, b in pairs)
+    assert kernel.launches == [2, 2]  # forward, then the backward through the same kernel
+
+
+def test_a_neuron_tensor_without_the_nki_runtime_is_an_error_not_a_silent_reference(monkeypatch):
+    neuron_tensor = SimpleNamespace(device=SimpleNamespace(type="neuron"))
+    monkeypatch.setattr(rope.neuron, "runtime_error", lambda: "import nki failed (ImportError: no nki)")
+    with pytest.raises(RuntimeError, match=r"import nki failed.*model\.kernels=\[\]"):
+        rope.neuron.on_neuron(neuron_tensor, neuron_tensor)
+    assert rope.neuron.on_neuron(torch.zeros(1)) is False  # CPU tensors: the reference, on purpose

@@ -5,8 +5,9 @@ Interface (torchtitan's layout): ``q [B, S, Hq, D]``, ``k [B, S, Hk, D]``, ``rop
 ``backward=True`` applies the exact VJP: the same rotation with ``-sin``, which is how the NKI
 kernel computes gradients, and how this op's registered backward calls itself.
 
-- Neuron: nki-library's ``rope_hf`` (``q``/``k`` as ``[B, H, S, D]``, caller-allocated
-  outputs, launched on LNC cores), which requires ``S % (128 * LNC) == 0``.
+- Neuron: nki-library's ``rope_hf`` (``core/embeddings/rope_hf.py``: ``q``/``k`` as
+  ``[B, H, S, D]``, ``q_out``/``k_out`` parameters, ``return q_out, k_out``), launched as
+  ``rope_hf[lnc](...)`` (see ``neuron.py`` for the sources); it asserts ``S % (128 * LNC) == 0``.
 - Elsewhere: ``rope_reference``, the same float32 math in the same order as ``CosSinRoPE``
   (max abs difference 0, forward and gradients).
 """
@@ -60,23 +61,36 @@ def rope_reference(
     return q_out.type_as(q), k_out.type_as(k)
 
 
+def gathered_cache(cache: torch.Tensor, seq_len: int, positions: torch.Tensor | None) -> torch.Tensor:
+    """``[B|1, S, 2D]``: rows of torchtitan's ``CosSinRoPE`` cache (``[max_seq_len, 2D]``) at the
+    positions (per document, from the dataloader), or the first ``seq_len`` rows. torchtitan sizes
+    the table to ``training.seq_len``, which bounds every position the dataloader emits."""
+    if positions is None:
+        return cache[:seq_len].unsqueeze(0)
+    if positions.dim() == 1:
+        positions = positions.unsqueeze(0)
+    return cache[positions]
+
+
 def rope_nki(q, k, rope_cache, backward: bool, kernel, lnc: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Neuron-side call: layouts and buffers for nki-library's ``rope_hf``."""
+    """The Neuron-side call of nki-library's ``rope_hf``: layouts in, ``kernel[lnc](...)``, and the
+    results from its return value (``q_out``/``k_out`` are parameters of the kernel's signature,
+    but what it returns is its output; nothing is read back from them)."""
     check_seq_len(q.shape[1], lnc)
     q_bhsd = q.transpose(1, 2).contiguous()
     k_bhsd = k.transpose(1, 2).contiguous()
-    q_out, k_out = torch.empty_like(q_bhsd), torch.empty_like(k_bhsd)
     cache = rope_cache.to(q.dtype)  # the kernel holds cos/sin tiles in q's dtype
     if cache.shape[0] == 1:
         cache = cache[0]  # [S, 2D], shared by the batch
-    kernel(q_bhsd, k_bhsd, q_out, k_out, rope_cache=cache.contiguous(), backward=backward)
+    q_out, k_out = kernel[lnc](
+        q_bhsd, k_bhsd, torch.empty_like(q_bhsd), torch.empty_like(k_bhsd),
+        rope_cache=cache.contiguous(), backward=backward,
+    )  # fmt: skip
     return q_out.transpose(1, 2), k_out.transpose(1, 2)
 
 
 def _nki_kernel():
-    from nkilib.core.embeddings.rope_hf import rope_hf as kernel
-
-    return neuron.wrapped(kernel)
+    return neuron.resolve("nkilib.core.embeddings.rope_hf:rope_hf")
 
 
 @torch.library.custom_op("qwen3_trainium::rope_hf", mutates_args=())

@@ -28,8 +28,8 @@ class NkiRoPE(CosSinRoPE):
         pass
 
     def forward(self, query, key, positions=None):
-        cache = self._reshape_cache(query, positions)  # [B|1, S, 1, 2D], gathered at positions
-        return rope_ops.rope_hf(query, key, cache[:, :, 0, :], False)
+        cache = rope_ops.gathered_cache(self.cache, query.shape[1], positions)  # [B|1, S, 2D]
+        return rope_ops.rope_hf(query, key, cache, False)
 
 
 class BlockwiseRoutedExperts(RoutedExperts):
