@@ -17,20 +17,35 @@ from types import SimpleNamespace
 GiB = 2**30
 
 
+MB = 2**20
+
+
 @dataclass(frozen=True)
 class NeuronInstance:
-    """Checked facts (STACK.md): per physical NeuronCore; a logical core is LNC of them."""
+    """Checked facts (STACK.md): per physical NeuronCore; a logical core (one rank) is LNC of them."""
 
     physical_cores: int
     hbm_per_physical_core: int  # bytes
+    runtime_reserved_per_physical_core: int  # bytes the Neuron runtime keeps (micro-code)
     peak_bf16_flops_per_physical_core: float
 
+    def memory_per_rank(self, lnc: int) -> int:
+        return (self.hbm_per_physical_core - self.runtime_reserved_per_physical_core) * lnc
 
-# trn2: 16 Trainium2 chips, 128 NeuronCore-v3, 96 GiB HBM per chip (24 GiB per logical core at
-# LNC=2), 79 BF16 TFLOPS per physical core. Other instance types are added once their facts are.
+    def peak_flops_per_rank(self, lnc: int) -> float:
+        return self.peak_bf16_flops_per_physical_core * lnc
+
+
+# trn2.48xlarge (AWS: Trainium2 architecture and trn2 instance pages, Neuron docs):
+# - 16 Trainium2 chips x 8 NeuronCore-v3 = 128 physical cores; 96 GiB HBM per chip, so 12 GiB
+#   per physical core: "64 ranks per instance and approximately 24 GiB of HBM per rank, before
+#   runtime overhead" at LNC=2 (Neuron "Best practices for training");
+# - the runtime's "micro-code overhead of 96MB per physical Neuron Core" (Neuron runtime docs),
+#   subtracted from what a rank may use;
+# - 79 dense BF16 TFLOPS per NeuronCore-v3 (667 per chip), so 158 per rank at LNC=2, 79 at LNC=1.
 NEURON_INSTANCES = {
-    "trn2.48xlarge": NeuronInstance(128, 12 * GiB, 79e12),
-    "trn2u.48xlarge": NeuronInstance(128, 12 * GiB, 79e12),
+    "trn2.48xlarge": NeuronInstance(128, 12 * GiB, 96 * MB, 79e12),
+    "trn2u.48xlarge": NeuronInstance(128, 12 * GiB, 96 * MB, 79e12),
 }
 
 
@@ -63,9 +78,12 @@ def device_info(
     if device_type == "neuron":
         facts = NEURON_INSTANCES[instance]
         return DeviceInfo(
-            "neuron", facts.physical_cores // lnc, "neuron",
-            facts.hbm_per_physical_core * lnc, facts.peak_bf16_flops_per_physical_core * lnc,
-        )  # fmt: skip
+            "neuron",
+            facts.physical_cores // lnc,
+            "neuron",
+            facts.memory_per_rank(lnc),
+            facts.peak_flops_per_rank(lnc),
+        )
     if device_type == "cuda":
         import torch
 
@@ -82,9 +100,14 @@ def rank_env(
 ) -> dict[str, str]:
     """Environment every rank needs for this device (on top of the parent's)."""
     if device_type == "neuron":
+        # AWS: "Neuron framework extensions set most of these on your behalf, so set them
+        # explicitly only when you need a specific behavior" (Neuron runtime configuration).
+        # Set: the LNC the user chose (device.lnc; the runtime default is 2 on Trainium2, and NKI
+        # launches use the same value: kernels/neuron.py) and the persistent compile cache.
+        # Not set: NEURON_RT_NUM_CORES, "Number of NeuronCores required by the process" (default
+        # 0 = all): torchrun's one process per logical core gets its core from the framework.
         return {
             "NEURON_LOGICAL_NC_CONFIG": str(lnc),
-            "NEURON_RT_NUM_CORES": str(nproc_per_node),
             "TORCH_NEURONX_NEFF_CACHE_DIR": os.path.expanduser(compile_cache),
         }
     if device_type == "cpu":

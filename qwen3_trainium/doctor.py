@@ -10,8 +10,8 @@ import os
 import shutil
 import socket
 
-from qwen3_trainium import devices
-from qwen3_trainium.preflight.system import versions
+from qwen3_trainium import devices, seams
+from qwen3_trainium.preflight.stack import installed, versions
 from qwen3_trainium.schema import RunConf
 
 GREEN, RED, PLAIN = "\033[32mok  \033[0m", "\033[31mFAIL\033[0m", "    "
@@ -30,6 +30,39 @@ def _endpoint_ok(endpoint: str) -> tuple[bool, str]:
         return True, f"{endpoint} reachable"
     except OSError as err:
         return False, f"{endpoint} not reachable: {err}"
+
+
+def _torchtitan_lines(run: RunConf) -> list[tuple[bool | None, str]]:
+    """Which torchtitan runs (upstream or AWS's TorchTitan Neuron, and from where) and its seams."""
+    import importlib.util
+
+    version = installed("torchtitan")
+    kind = seams.torchtitan_kind(version)
+    names = {
+        "upstream": "upstream torchtitan",
+        "neuron": "TorchTitan Neuron (aws-neuron/torchtitan-neuron)",
+        "other": "an unchecked torchtitan",
+        "missing": "no torchtitan",
+    }
+    spec = importlib.util.find_spec("torchtitan") if version else None
+    where = os.path.dirname(spec.origin) if spec and spec.origin else "-"
+    lines: list[tuple[bool | None, str]] = [
+        (kind in ("upstream", "neuron"), f"torchtitan: {names[kind]} {version or ''} at {where}")
+    ]
+    if version is None:
+        return lines
+    missing = dict((seam.name, error) for seam, error in seams.missing())
+    needed = {seam.name for seam in seams.needed(run.model.path.value, run.device.type.value)}
+    private = sum(seam.is_private for seam in seams.SEAMS)
+    lines.append(
+        (
+            not (needed & set(missing)),
+            f"torchtitan seams: {len(seams.SEAMS) - len(missing)} of {len(seams.SEAMS)} found "
+            f"({private} of them private; list: qwen3_trainium/seams.py)",
+        )
+    )
+    lines += [(name not in needed and None, f"  missing {name}: {error}") for name, error in missing.items()]
+    return lines
 
 
 def report(run: RunConf, launch_dir: str, tty: bool) -> tuple[bool, str]:
@@ -55,6 +88,12 @@ def report(run: RunConf, launch_dir: str, tty: bool) -> tuple[bool, str]:
         lines.append((os.access(parent, os.W_OK), f"compile cache: {cache}"))
     problems, table = versions(run, launching=wanted == "neuron")
     lines.append((not problems, "versions:\n" + table))
+    lines += _torchtitan_lines(run)
+    if wanted == "neuron" or detected == "neuron":
+        from qwen3_trainium.kernels import neuron
+
+        error = neuron.runtime_error()
+        lines.append((error is None, f"NKI runtime (nki, nkilib): {error or 'imports'}"))
     free = shutil.disk_usage(launch_dir).free
     lines.append(
         (

@@ -131,6 +131,10 @@ class JsonlMetricsProcessor(MetricsProcessor):
         report_mfu: bool = True
         """False where torchtitan's peak-FLOPS table has no entry (CPU): MFU is n/a."""
 
+        peak_flops_per_rank: float = 0.0
+        """BF16 peak of one rank for MFU, from this project's device table (Neuron: per logical
+        core at the LNC in use); 0 keeps torchtitan's own table (CUDA)."""
+
         memory_capacity_gib: float = 0.0
         """Device memory per rank; above 90% of it a warning is logged once (0: unknown)."""
 
@@ -141,6 +145,9 @@ class JsonlMetricsProcessor(MetricsProcessor):
         super().__init__(config, **kwargs)
         if not config.report_mfu:
             self.has_quantization = True  # torchtitan's own switch for "MFU: N/A"
+        if config.peak_flops_per_rank > 0:
+            # torchtitan's table has one trn2 figure (2 x 79 TFLOPS) whatever the LNC; ours follows it.
+            self.gpu_peak_flops = config.peak_flops_per_rank
         self._warned_memory = False
 
     def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):

@@ -94,6 +94,7 @@ def _metrics(run: RunConf, run_dir: str):
         # torchtitan's peak-FLOPS table falls back to A100 figures off-GPU: MFU is meaningless on CPU.
         report_mfu=run.device.type.value != "cpu",
         memory_capacity_gib=(info.memory_per_rank or 0) / 2**30,
+        peak_flops_per_rank=info.peak_flops_per_rank or 0.0,
     )
 
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import resolve, run_launch
 
 from qwen3_trainium import launcher, make_assets, preflight
-from qwen3_trainium.preflight import system
+from qwen3_trainium.preflight import stack
 
 TINY = str(make_assets.ensure_hf_model())
 OTHER_ROPE = "tests.support.conflicting_override.other_rope"
@@ -97,7 +97,7 @@ def test_a_bad_config_never_starts_torchrun(tmp_path):
         f"hydra.run.dir={tmp_path}",
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "over the 24.0 GiB a rank has" in proc.stderr and "total per rank" in proc.stderr
+    assert "over the 23.8 GiB a rank has" in proc.stderr and "total per rank" in proc.stderr
     assert not (tmp_path / "logs").exists() and not (tmp_path / "resolved.yaml").exists()
 
 
@@ -128,7 +128,9 @@ def test_dry_run_of_the_8b_reference_layout_prints_everything(tmp_path):
     assert "--nproc_per_node=64" in out
     assert "dp_shard 16 x tp 4" in out
     assert "torch-neuronx" in out and "not here" in out  # the versions table
-    assert "device memory per rank (estimate" in out and "24.000 GiB" in out
+    assert (
+        "device memory per rank (estimate" in out and "23.812 GiB" in out
+    )  # 24 GiB less 2 x 96 MB of runtime micro-code
 
 
 def test_versions_table_catches_a_torch_neuronx_mismatch(monkeypatch):
@@ -138,20 +140,21 @@ def test_versions_table_catches_a_torch_neuronx_mismatch(monkeypatch):
         "transformers": "5.24.0",
         "hydra-core": "1.3.8",
         "torch-neuronx": "2.13.2",
-        "neuronx-cc": "2.21.0",
+        "neuronx-cc": "2.28.7631.0",
+        "nki": "0.7.0",
     }
-    monkeypatch.setattr(system, "installed", fake.get)
-    problems, table = system.versions(resolve("device=neuron"), launching=True)
+    monkeypatch.setattr(stack, "installed", fake.get)
+    problems, table = stack.versions(resolve("device=neuron"), launching=True)
     assert [p.key for p in problems] == ["versions.torch-neuronx"]
     assert "2.13.2 installed" in problems[0].message and "2.14" in problems[0].fix
     assert "MISMATCH" in table
     fake["torch-neuronx"] = "2.14.3"
-    assert system.versions(resolve("device=neuron"), launching=True)[0] == []
+    assert stack.versions(resolve("device=neuron"), launching=True)[0] == []
     fake["torch"] = "2.13.0"
-    assert [p.key for p in system.versions(resolve("device=neuron"), launching=True)[0]] == ["versions.torch"]
+    assert [p.key for p in stack.versions(resolve("device=neuron"), launching=True)[0]] == ["versions.torch"]
     del fake["neuronx-cc"]
     assert "versions.neuronx-cc" in [
-        p.key for p in system.versions(resolve("device=neuron"), launching=True)[0]
+        p.key for p in stack.versions(resolve("device=neuron"), launching=True)[0]
     ]
 
 

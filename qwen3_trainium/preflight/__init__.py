@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from qwen3_trainium.preflight.checkpoint import check_checkpoint_contents, check_checkpoint_paths
 from qwen3_trainium.preflight.data import check_data, check_hub_dataset, check_tokenizer_fits, needs_hub
-from qwen3_trainium.preflight.model import check_model
+from qwen3_trainium.preflight.model import check_model, kernel_notes
 from qwen3_trainium.preflight.problem import Problem, format_problems
 from qwen3_trainium.preflight.run import (
     check_attention,
@@ -19,7 +19,14 @@ from qwen3_trainium.preflight.run import (
     check_training,
     check_world_size,
 )
-from qwen3_trainium.preflight.system import check_degrees, check_memory, installed_versions, versions
+from qwen3_trainium.preflight.stack import (
+    check_nki_runtime,
+    check_seams,
+    installed_versions,
+    trainium_notes,
+    versions,
+)
+from qwen3_trainium.preflight.system import check_degrees, check_memory
 from qwen3_trainium.schema import RunConf
 
 __all__ = ["Problem", "check", "format_problems", "installed_versions", "missing_values"]
@@ -37,6 +44,11 @@ def missing_values(cfg) -> list[Problem]:
 
 def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | None = None) -> list[Problem]:
     """All problems of a resolved run config; lines worth printing when all is well go to ``notes``."""
+    notes = notes if notes is not None else []
+    version_problems, table = versions(run, launching=launching)
+    seam_problems = check_seams(run)  # first: every check below imports torchtitan
+    if seam_problems:
+        return seam_problems + version_problems
     problems = check_device(run) + check_model(run)
     if problems:
         return problems  # the checks below need a known model and device
@@ -52,11 +64,11 @@ def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | Non
         problems += check_device_present(run)
         if needs_hub(run) and not problems:
             problems += check_hub_dataset(run)
-    notes = notes if notes is not None else []
     problems += check_checkpoint_paths(run)
-    version_problems, table = versions(run, launching=launching)
     problems += version_problems
     notes.append("versions:\n" + table)
+    problems += check_nki_runtime(run, launching=launching, notes=notes)
+    notes.extend(trainium_notes(run) + kernel_notes(run))
     if not problems:
         titan_problems, trial = check_titan(run, run_dir)
         problems += titan_problems

@@ -1,89 +1,13 @@
-"""Pre-flight checks against the machine and the model's shape: versions, parallel degrees, and
-device memory per rank (HBM on Trainium)."""
+"""Pre-flight checks against the model's shape: parallel degrees, and device memory per rank
+(HBM on Trainium). The software stack is checked in ``stack.py``."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 
 from qwen3_trainium import devices, memory, runconfig
 from qwen3_trainium.preflight.problem import Problem
-from qwen3_trainium.schema import ModelPath, RunConf
-
-# package -> (required, why); "=2.14" means any 2.14.x
-REQUIRED = {
-    "torch": ("=2.14", "torch-neuronx 2.14.x pairs with torch 2.14; torchtitan 0.3.0 needs >= 2.14"),
-    "torchtitan": ("=0.3.0", "the fields and seams this project targets"),
-    "transformers": ("=5", "model=hf needs Transformers v5"),
-    "hydra-core": ("=1.3", "version_base 1.3"),
-}
-NEURON_REQUIRED = {
-    "torch-neuronx": ("=2.14", "must match torch's major.minor"),
-    "neuronx-cc": ("", "the Neuron compiler"),
-}
-
-
-def installed(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _shown(required: str) -> str:
-    if not required:
-        return "any"
-    version = required.lstrip("=")
-    return version if version.count(".") == 2 else version + ".x"
-
-
-def _matches(version: str, required: str) -> bool:
-    if not required:
-        return True
-    want = required.lstrip("=").split(".")
-    return version.split("+")[0].split(".")[: len(want)] == want
-
-
-RECORDED = ("omegaconf", "wandb", "tensorboard", "hydra-optuna-sweeper", "hydra-submitit-launcher")
-
-
-def installed_versions(run: RunConf) -> dict[str, str]:
-    """The versions a run records (W&B summary, job.json): every checked package plus the
-    tracking and sweep plugins; packages that are not installed are left out."""
-    names = [*REQUIRED, *(NEURON_REQUIRED if run.device.type.value == "neuron" else ()), *RECORDED]
-    return {name: version for name in names if (version := installed(name))}
-
-
-def versions(run: RunConf, *, launching: bool) -> tuple[list[Problem], str]:
-    """(problems, the table). Neuron packages are required when launching on Neuron; a wrong
-    installed version is an error anywhere."""
-    rows, problems = [], []
-    wanted = dict(REQUIRED)
-    if run.device.type.value == "neuron":
-        wanted |= NEURON_REQUIRED
-    for package, (required, why) in wanted.items():
-        have = installed(package)
-        ok = have is not None and _matches(have, required)
-        if ok:
-            status = "ok"
-        elif have is None and package in NEURON_REQUIRED and not launching:
-            status = "not here"  # a Trainium config validated on another machine
-        elif package == "transformers" and run.model.path is not ModelPath.hf:
-            status = "warn"  # only model=hf needs v5
-        else:
-            status = "MISSING" if have is None else "MISMATCH"
-        rows.append(f"  {package:14s} {have or '-':16s} {_shown(required):10s} {status}")
-        if status in ("MISSING", "MISMATCH"):
-            need = required.lstrip("=") or "any"
-            what = "not installed" if have is None else f"{have} installed"
-            fix = (
-                f"pip install '{package}=={need}.*'"
-                if required
-                else f"install {package} (Neuron pip repository)"
-            )
-            problems.append(Problem(f"versions.{package}", have, f"{what}; {why}: needs {need}", fix))
-    table = "\n".join([f"  {'package':14s} {'installed':16s} {'required':10s}", *rows])
-    return problems, table
+from qwen3_trainium.schema import RunConf
 
 
 def check_degrees(run: RunConf, shape: memory.ModelShape) -> tuple[list[Problem], str]:
