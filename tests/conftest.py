@@ -56,3 +56,41 @@ def run_launch(*args: str, cwd: Path = ROOT, timeout: float = 600, env: dict | N
         text=True,
         timeout=timeout,
     )
+
+
+# On-device tests (markers neuron, gpu): collected everywhere, skipped with a reason that names the
+# device unless it is here; the figures they measure go to trn2_report.md / gpu_report.md.
+def _neuron_absent() -> str | None:
+    from qwen3_trainium import devices
+
+    if devices.detect_device_type() == "neuron":
+        return None
+    return "needs a Trainium (Neuron) device: torch_neuronx does not import here or sees no NeuronCore"
+
+
+def _gpu_absent() -> str | None:
+    import torch
+
+    return None if torch.cuda.is_available() else "needs a CUDA GPU: torch.cuda.is_available() is False here"
+
+
+def pytest_collection_modifyitems(config, items):
+    checks = {"neuron": _neuron_absent, "gpu": _gpu_absent}
+    reasons: dict[str, str | None] = {}
+    for item in items:
+        for marker, absent in checks.items():
+            if marker in item.keywords:
+                if marker not in reasons:
+                    reasons[marker] = absent()
+                if reasons[marker]:
+                    item.add_marker(pytest.mark.skip(reason=reasons[marker]))
+
+
+@pytest.fixture(scope="session")
+def device_report():
+    """Figures the on-device tests measure, written as a report when any test recorded one."""
+    from tests.support.device_report import DeviceReport
+
+    report = DeviceReport()
+    yield report
+    report.write(ROOT)
