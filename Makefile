@@ -28,20 +28,24 @@ lock:
 # torchtitan; only missing packages are installed. NEURON_PIP_INDEX=<the Neuron pip repository
 # URL from AWS's setup guide> when they come from there. Ends with the doctor report.
 NEURON_PY = $(shell cat .neuron-venv 2>/dev/null)/bin/python
+# After `make setup-neuron` these run in the Neuron venv it recorded (.neuron-venv), else in .venv.
+HOST_PY = $(if $(wildcard .neuron-venv),$(NEURON_PY),$(PY))
+HOST_DEPS = $(if $(wildcard .neuron-venv),,setup)
+
 setup-neuron:
 	$(PYTHON) -m qwen3_trainium.setup_neuron
 	"$$(cat .neuron-venv)/bin/python" launch.py doctor=true device=neuron
 
 # The on-device checks (pytest -m neuron / -m gpu): on a trn2 after `make setup-neuron` they run
 # in the Neuron venv and write trn2_report.md; anywhere else every one is skipped with a reason.
-test-neuron: $(if $(wildcard .neuron-venv),,setup)
-	$(if $(wildcard .neuron-venv),$(NEURON_PY),$(PY)) -m pytest -m neuron
+test-neuron: $(HOST_DEPS)
+	$(HOST_PY) -m pytest -m neuron -rs
 
 test-gpu: setup
-	$(PY) -m pytest -m gpu
+	$(PY) -m pytest -m gpu -rs
 
-doctor: setup
-	$(PY) launch.py doctor=true
+doctor: $(HOST_DEPS)
+	$(HOST_PY) launch.py doctor=true
 
 smoke: smoke-native
 

@@ -39,6 +39,25 @@ def resolve(*overrides: str):
     return runconfig.resolve(compose_cfg(*overrides), launch_dir=str(ROOT))
 
 
+@pytest.fixture
+def dry_run():
+    """The launcher's own job for ``python launch.py OVERRIDES dry_run=true`` run from
+    ``launch_dir`` (what launch.py does after Hydra): ``((status, code), stdout, stderr)``."""
+    import contextlib
+    import io
+
+    from qwen3_trainium import launcher
+
+    def run(launch_dir, run_dir, *overrides: str):
+        job = launcher.Job(run_dir=str(run_dir), launch_dir=str(launch_dir), run_name="test")
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            result = launcher._run_job(compose_cfg(*overrides, "dry_run=true"), job)
+        return result, out.getvalue(), err.getvalue()
+
+    return run
+
+
 def shipped_options() -> list[tuple[str, str]]:
     return sorted(
         (group.name, yaml.stem) for group in CONF.iterdir() if group.is_dir() for yaml in group.glob("*.yaml")

@@ -8,13 +8,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, compose_cfg
+from conftest import ROOT
 
-from qwen3_trainium import launcher, seams, setup_neuron
+from qwen3_trainium import seams, setup_neuron
 from qwen3_trainium.kernels import neuron
 from qwen3_trainium.preflight import stack
 
-GUIDE_MOE = ["model=nki_moe", "model.flavor=30B-A3B", "device=neuron", "parallel=trn2_dp64", "dry_run=true"]
+GUIDE_MOE = ["model=nki_moe", "model.flavor=30B-A3B", "device=neuron", "parallel=trn2_dp64"]
 NEURON_STACK = {  # what AWS's SDK 2.33 DLAMI venv reports, with TorchTitan Neuron installed editable
     "torch": "2.14.0",
     "torchtitan": "0.2.2+neuron.1",
@@ -34,30 +34,20 @@ def neuron_stack(monkeypatch):
     monkeypatch.setattr(neuron, "signature_mismatches", lambda: [])
 
 
-def _dry_run(tmp_path, *overrides) -> tuple[tuple[str, int], str, str]:
-    """The launcher's own job (what `python launch.py ... dry_run=true` runs after Hydra)."""
-    import contextlib
-    import io
-
-    job = launcher.Job(run_dir=str(tmp_path), launch_dir=str(ROOT), run_name="test")
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        result = launcher._run_job(compose_cfg(*overrides), job)
-    return result, out.getvalue(), err.getvalue()
-
-
-def test_the_guides_moe_dry_run_passes_with_torchtitan_neuron_and_the_neuron_packages(neuron_stack, tmp_path):
-    result, out, err = _dry_run(tmp_path, *GUIDE_MOE)
+def test_the_guides_moe_dry_run_passes_with_torchtitan_neuron_and_the_neuron_packages(
+    neuron_stack, dry_run, tmp_path
+):
+    result, out, err = dry_run(ROOT, tmp_path, *GUIDE_MOE)
     assert result == ("dry_run", 0), err
     assert "0.2.2+neuron.1" in out and "torch-neuronx  2.14.3.0.1" in out
     assert "--nproc_per_node=64" in out and "NEURON_RT_NUM_CORES" not in out
 
 
-def test_a_missing_seam_fails_the_dry_run_naming_it(neuron_stack, monkeypatch, tmp_path):
+def test_a_missing_seam_fails_the_dry_run_naming_it(neuron_stack, dry_run, monkeypatch, tmp_path):
     from torchtitan.components.checkpointer.dcp import CheckpointManager
 
     monkeypatch.delattr(CheckpointManager, "_create_checkpoint_id")
-    result, _, err = _dry_run(tmp_path, *GUIDE_MOE)
+    result, _, err = dry_run(ROOT, tmp_path, *GUIDE_MOE)
     assert result == ("failed", 2)
     assert (
         "torchtitan seam torchtitan.components.checkpoint.CheckpointManager._create_checkpoint_id is missing"
@@ -126,7 +116,7 @@ def test_launching_on_neuron_without_nki_names_the_package_and_the_fix(monkeypat
     monkeypatch.setattr(
         neuron, "runtime_error", lambda: "import nki failed (ModuleNotFoundError: No module named 'nki')"
     )
-    run = resolve(*GUIDE_MOE[:-1])
+    run = resolve(*GUIDE_MOE)
     problems = stack.check_nki_runtime(run, launching=True, notes=[])
     assert [p.key for p in problems] == ["model.kernels"]
     assert "No module named 'nki'" in problems[0].message and "model.kernels=[]" in problems[0].fix
@@ -142,7 +132,7 @@ def test_a_kernel_signature_that_moved_is_named(monkeypatch):
     monkeypatch.setattr(neuron, "runtime_error", lambda: None)
     moved = "nkilib.core.moe.moe_cte.moe_cte:moe_cte takes no compute_dtype (checked against ...)"
     monkeypatch.setattr(neuron, "signature_mismatches", lambda: [moved])
-    problems = stack.check_nki_runtime(resolve(*GUIDE_MOE[:-1]), launching=True, notes=[])
+    problems = stack.check_nki_runtime(resolve(*GUIDE_MOE), launching=True, notes=[])
     assert problems and "takes no compute_dtype" in problems[0].message
 
 
@@ -215,3 +205,15 @@ def test_setup_neuron_dry_run_into_this_venv_changes_nothing(tmp_path):
     assert "--extra-index-url https://example.invalid/neuron" in install
     assert "torch-neuronx==2.14.*" in install and " torch==" not in install and "torchtitan" not in install
     assert out.rstrip().endswith(f"pip install --no-deps -e {ROOT}")
+
+
+@pytest.mark.parametrize(("lnc", "peak", "capacity_gib"), [(2, 158e12, 23.8125), (1, 79e12, 11.90625)])
+def test_mfu_peak_and_hbm_budget_follow_the_lnc_in_use(lnc, peak, capacity_gib, tmp_path):
+    from conftest import resolve
+
+    from qwen3_trainium import titan
+
+    metrics = titan._metrics(resolve("parallel=trn2_dp64", f"device.lnc={lnc}"), str(tmp_path))
+    assert metrics.peak_flops_per_rank == peak  # torchtitan's own table says 158e12 whatever the LNC
+    assert metrics.memory_capacity_gib == capacity_gib  # 12 GiB per physical core less 96 MB micro-code
+    assert titan._metrics(resolve("device=cpu"), str(tmp_path)).peak_flops_per_rank == 0.0
