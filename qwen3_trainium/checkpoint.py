@@ -122,12 +122,18 @@ def probe_tokens(tokenizer_dir: str) -> torch.Tensor:
     return torch.tensor([ids], dtype=torch.long)
 
 
+PROBE_MULTIPLE = 256  # rope_hf's rule at LNC=2 (128 x LNC); causal, so the padding changes nothing before it
+
+
 @torch.no_grad()
 def model_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits of a torchtitan model (native Decoder or HF backend) on one document."""
+    """Logits of a torchtitan model (native Decoder or HF backend) on one document. The document
+    is padded to a multiple of 256 tokens (model=nki_moe's rope_hf needs it) and the logits of
+    the padding dropped: attention is causal, so the rest are those of the document alone."""
     device = next(model.parameters()).device
-    tokens = tokens.to(device)
-    positions = torch.arange(tokens.shape[1], device=device).unsqueeze(0)
+    length = tokens.shape[1]
+    padded = torch.nn.functional.pad(tokens, (0, -length % PROBE_MULTIPLE)).to(device)
+    positions = torch.arange(padded.shape[1], device=device).unsqueeze(0)
     kwargs = {"positions": positions}
     if hasattr(model, "get_attention_masks") and not hasattr(model, "model"):  # native Decoder
         kwargs["attention_masks"] = model.get_attention_masks(positions)
@@ -135,11 +141,11 @@ def model_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     model.eval()
     model._skip_lm_head = False  # the chunked loss applies lm_head itself during training
     try:
-        out = model(tokens, **kwargs)
+        out = model(padded, **kwargs)
     finally:
         model.train(was_training)
         model._skip_lm_head = skip_lm_head
-    return (out.full_tensor() if hasattr(out, "full_tensor") else out).float().cpu()
+    return (out.full_tensor() if hasattr(out, "full_tensor") else out)[:, :length].float().cpu()
 
 
 def save_probe(model: torch.nn.Module, tokenizer_dir: str, path: str) -> None:

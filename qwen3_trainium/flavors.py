@@ -11,7 +11,17 @@ from __future__ import annotations
 from functools import partial
 
 TINY_FLAVORS = ("tiny", "tiny_moe")
-MOE_FLAVORS = ("tiny_moe", "debugmodel_moe", "30B-A3B", "235B-A22B")
+MOE_FLAVORS = ("tiny_moe", "debugmodel_moe", "30B-A3B", "235B-A22B", "235B-A22B-2507")
+# Flavors of published checkpoints whose RoPE base differs from torchtitan's flavor of that shape
+# (the config.json on the Hub): name -> (torchtitan flavor, rope_theta).
+# - Qwen/Qwen3-235B-A22B has rope_theta 1e6; torchtitan's "235B-A22B" uses 5e6, the value of the
+#   2507 releases, so the original checkpoint would train on the wrong RoPE.
+# - Qwen/Qwen3-4B-Instruct-2507 (the guide's example) is the 4B shape with rope_theta 5e6.
+PUBLISHED_FLAVORS = {
+    "235B-A22B": ("235B-A22B", 1e6),
+    "235B-A22B-2507": ("235B-A22B", 5e6),
+    "4B-Instruct-2507": ("4B", 5e6),
+}
 # The tiny flavor's dimensions; make_assets saves an HF Qwen3 of the same shape for model=hf.
 TINY_DIMS = dict(
     vocab=512, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, hidden=768,
@@ -28,7 +38,7 @@ def titan_flavors() -> tuple[str, ...]:
 
 
 def all_flavors() -> tuple[str, ...]:
-    return TINY_FLAVORS + titan_flavors()
+    return TINY_FLAVORS + titan_flavors() + tuple(k for k in PUBLISHED_FLAVORS if k not in titan_flavors())
 
 
 def default_flavor(device_type: str, moe: bool = False) -> str:
@@ -118,6 +128,13 @@ def model_spec(flavor: str, titan_attn_backend: str):
     """torchtitan ``ModelSpec`` for a flavor; ``titan_attn_backend`` is flex or varlen."""
     from torchtitan.models.qwen3 import model_registry
 
+    if flavor in PUBLISHED_FLAVORS:
+        base, theta = PUBLISHED_FLAVORS[flavor]
+        spec = model_registry(base, attn_backend=titan_attn_backend)
+        spec.flavor = flavor
+        for layer in spec.model.layers:
+            layer.attention.rope.theta = theta
+        return spec
     if flavor not in TINY_FLAVORS:
         return model_registry(flavor, attn_backend=titan_attn_backend)
     spec = model_registry("debugmodel", attn_backend=titan_attn_backend)
@@ -131,4 +148,4 @@ def vocab_size(flavor: str) -> int:
         return TINY_DIMS["vocab"]
     from torchtitan.models.qwen3 import qwen3_configs
 
-    return qwen3_configs[flavor]("flex").vocab_size
+    return qwen3_configs[PUBLISHED_FLAVORS.get(flavor, (flavor,))[0]]("flex").vocab_size

@@ -49,7 +49,9 @@ def read_config(model_dir: str) -> dict:
 
 
 def is_moe(model_dir: str) -> bool:
-    return int(read_config(model_dir).get("num_experts") or 0) > 0
+    from qwen3_trainium import hf_config
+
+    return hf_config.is_moe(hf_config.load(model_dir))
 
 
 def transformers_major() -> int:

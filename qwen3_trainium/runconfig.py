@@ -69,7 +69,28 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
             setattr(node, key, os.path.abspath(os.path.join(launch_dir, os.path.expanduser(value))))
     if run.model.path is ModelPath.hf:
         _resolve_hf(run)
+    else:
+        _resolve_tokenizer(run)
     return run
+
+
+def checkpoint_tokenizer_dir(run: RunConf) -> str | None:
+    """The HF directory a fine-tune starts from, when it holds a tokenizer (native, nki_moe)."""
+    ckpt = run.checkpoint
+    if not (ckpt.enable and ckpt.initial_load_in_hf and ckpt.initial_load_path):
+        return None
+    return (
+        ckpt.initial_load_path
+        if os.path.isfile(os.path.join(ckpt.initial_load_path, "tokenizer.json"))
+        else None
+    )
+
+
+def _resolve_tokenizer(run: RunConf) -> None:
+    """``data.hf_assets_path=auto``: a fine-tune from an HF directory tokenizes with that model's
+    own tokenizer; anything else with the shipped one. A path the user gives is kept."""
+    if run.data.hf_assets_path == "auto":
+        run.data.hf_assets_path = checkpoint_tokenizer_dir(run) or asset_path("tokenizer")
 
 
 def _resolve_hf(run: RunConf) -> None:

@@ -156,7 +156,10 @@ class DataConf:
 
     dataset: str = "c4_test"
     dataset_path: str | None = MISSING  # required: each data option sets it (null: hub)
-    hf_assets_path: str = MISSING
+    # The tokenizer directory; auto: the checkpoint's own when fine-tuning from an HF directory
+    # (checkpoint.initial_load_in_hf), else the shipped one (model=hf: always model.hf_model's).
+    hf_assets_path: str = "auto"
+    allow_other_tokenizer: bool = False  # train an HF checkpoint on a tokenizer that is not its own
 
 
 @dataclass

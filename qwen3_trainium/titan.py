@@ -19,6 +19,7 @@ CONFIG_MODULE = "qwen3_trainium.titan"
 CONFIG_FUNCTION = "trainer_config"
 METRICS_NAME = "metrics.jsonl"
 SDPA_OVERRIDE = "qwen3_trainium.overrides.attention.document_sdpa"
+EXPERTS_OVERRIDE = "qwen3_trainium.overrides.experts.param_dtype_experts"
 
 
 def titan_attn_backend(run: RunConf) -> str:
@@ -34,6 +35,9 @@ def override_imports(run: RunConf) -> list:
     imports: list = []
     if run.model.path is not ModelPath.hf and run.model.attn_backend is AttnBackend.sdpa:
         imports.append(SDPA_OVERRIDE)
+    float32_cpu = run.device.type.value == "cpu" and run.training.mixed_precision_param.value == "float32"
+    if run.model.path is not ModelPath.hf and float32_cpu and "moe_experts" not in run.model.kernels:
+        imports.append(EXPERTS_OVERRIDE)  # matches nothing in a dense model
     for kernel in run.model.kernels:
         target = KERNEL_OVERRIDES[kernel]
         if kernel == "moe_experts":
@@ -135,6 +139,21 @@ def _checkpoint(run: RunConf, spec, run_dir: str):
     return Qwen3CheckpointManager.Config(**fields)
 
 
+def hf_checkpoint(run: RunConf) -> bool:
+    """The run loads HF weights or exports them."""
+    ckpt = run.checkpoint
+    return ckpt.enable and (ckpt.initial_load_in_hf or ckpt.last_save_in_hf)
+
+
+def _without_expert_bias(model_config) -> None:
+    """Qwen3-MoE in HF format has no router bias: torchtitan's aux-loss-free balancing bias
+    (``load_balance_coeff``) would route differently from every HF copy of the model, so it is
+    off when the weights come from or go to HF."""
+    for layer in model_config.layers:
+        if getattr(layer, "moe", None) is not None:
+            layer.moe.load_balance_coeff = None
+
+
 def _model_parts(run: RunConf) -> tuple[type, dict]:
     """The Trainer.Config class and the model-specific fields (spec, loss, hf_model)."""
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
@@ -154,6 +173,8 @@ def _model_parts(run: RunConf) -> tuple[type, dict]:
         from qwen3_trainium import flavors
 
         spec = flavors.model_spec(run.model.flavor, titan_attn_backend(run))
+        if hf_checkpoint(run):
+            _without_expert_bias(spec.model)
         loss = ChunkedLossWrapper.Config(
             loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec))
         )

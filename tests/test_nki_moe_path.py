@@ -113,7 +113,11 @@ def test_pypi_placeholders_do_not_break_anything(monkeypatch):
 def test_nki_moe_smoke_trains_and_step_one_matches_native(tmp_path):
     common = ["smoke=on", "tracking=off"]
     runs = {"nki_moe": tmp_path / "nki", "native": tmp_path / "native"}
-    for path, flavor in (("nki_moe", []), ("native", ["model.flavor=tiny_moe"])):
+    # float32 on both sides (CPU): the blockwise experts in float32, torchtitan's via param_dtype_experts
+    for path, flavor in (
+        ("nki_moe", ["model.moe_compute_dtype=float32"]),
+        ("native", ["model.flavor=tiny_moe"]),
+    ):
         proc = run_launch(f"model={path}", *flavor, *common, f"hydra.run.dir={runs[path]}")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {

@@ -11,6 +11,7 @@ from conftest import ROOT
 
 from qwen3_trainium import runconfig
 from tests.support import hub_layout
+from tests.support.published_configs import PUBLISHED
 
 TRAINIUM = ("device=neuron", "parallel=trn2", "cluster=slurm_trn2")
 
@@ -39,7 +40,7 @@ def launch_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("user")
     hub_layout.write_hub_model(
         root / "assets/hf/Qwen3-4B-Instruct-2507",
-        hub_layout.QWEN3_4B_INSTRUCT_2507,
+        PUBLISHED["Qwen/Qwen3-4B-Instruct-2507"][3],
         shards=3,
         tokenizer_dir=runconfig.ASSETS_DIR / "tokenizer",
     )

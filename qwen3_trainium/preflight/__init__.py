@@ -7,7 +7,13 @@ user error: it returns the list, and the launcher prints it and exits non-zero.
 from __future__ import annotations
 
 from qwen3_trainium.preflight.checkpoint import check_checkpoint_contents, check_checkpoint_paths
-from qwen3_trainium.preflight.data import check_data, check_hub_dataset, check_tokenizer_fits, needs_hub
+from qwen3_trainium.preflight.data import (
+    check_data,
+    check_hub_dataset,
+    check_tokenizer_fits,
+    check_tokenizer_matches,
+    needs_hub,
+)
 from qwen3_trainium.preflight.model import check_model, kernel_notes
 from qwen3_trainium.preflight.problem import Problem, format_problems
 from qwen3_trainium.preflight.run import (
@@ -59,6 +65,7 @@ def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | Non
         + check_nodes(run, launching=launching)
         + check_data(run)
         + check_tokenizer_fits(run)
+        + check_tokenizer_matches(run, notes)
     )
     if launching:
         problems += check_device_present(run)

@@ -15,10 +15,6 @@ import re
 from qwen3_trainium.preflight.problem import Problem
 from qwen3_trainium.schema import ModelPath, RunConf
 
-HF_DIMS = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-    "head_dim", "intermediate_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-)  # fmt: skip
 SHOWN = 5  # keys listed per kind in a message
 
 
@@ -86,32 +82,24 @@ def check_checkpoint_contents(run: RunConf, run_dir: str, trial, notes: list[str
 
 
 def _config_dims(run: RunConf, trial, hf_dir: str) -> list[Problem]:
-    import json
+    """config.json, parsed by Transformers, against the flavor: every shape-defining field."""
+    from qwen3_trainium import hf_config
 
-    from qwen3_trainium.checkpoint import hf_config_dict
-
-    with open(os.path.join(hf_dir, "config.json")) as f:
-        theirs = json.load(f)
-    ours = hf_config_dict(trial.model_spec.model, max_position_embeddings=0)
-    theirs.setdefault(
-        "head_dim", theirs.get("hidden_size", 0) // max(theirs.get("num_attention_heads", 1), 1)
+    cfg = hf_config.load(hf_dir)
+    where = f"{hf_dir}/config.json"
+    problems = [
+        Problem(f"{where}: {field}", value, f"{why}: this project's Qwen3 models cannot represent it",
+                "a Qwen3 checkpoint whose every layer is the same (dense, or routed experts only)")
+        for field, value, why in hf_config.unsupported(cfg)
+    ]  # fmt: skip
+    diffs = hf_config.differences(
+        hf_config.flavor_fields(trial.model_spec.model), hf_config.published_fields(cfg)
     )
-    diffs = [
-        f"{k}: flavor {ours[k]}, config.json {theirs.get(k)}"
-        for k in HF_DIMS
-        if k in ours and ours[k] != theirs.get(k)
-    ]
-    if not diffs:
-        return []
-    message = f"model.flavor={run.model.flavor} disagrees with {hf_dir}/config.json ({'; '.join(diffs)})"
-    return [
-        Problem(
-            "model.flavor",
-            run.model.flavor,
-            message,
-            "the flavor of these weights (or model=hf model.hf_model=<dir>)",
-        )
-    ]
+    if diffs:
+        message = f"model.flavor={run.model.flavor} disagrees with {where} ({'; '.join(diffs)})"
+        fix = "the flavor of these weights (or model=hf model.hf_model=<dir>)"
+        problems.append(Problem("model.flavor", run.model.flavor, message, fix))
+    return problems
 
 
 def _meta_state_shapes(trial):

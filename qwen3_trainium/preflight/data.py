@@ -42,6 +42,42 @@ def check_data(run: RunConf) -> list[Problem]:
     return problems
 
 
+def _tokenizer_identity(directory: str) -> tuple[dict, dict]:
+    """(vocabulary with added tokens, special tokens of tokenizer_config.json) of a tokenizer dir."""
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(os.path.join(directory, "tokenizer.json")).get_vocab(with_added_tokens=True)
+    special = {}
+    config = os.path.join(directory, "tokenizer_config.json")
+    if os.path.isfile(config):
+        with open(config) as f:
+            special = {k: v for k, v in json.load(f).items() if k.endswith("_token")}
+    return vocab, special
+
+
+def check_tokenizer_matches(run: RunConf, notes: list[str]) -> list[Problem]:
+    """A fine-tune from an HF directory must train on that model's tokenizer (or say it means not to)."""
+    from qwen3_trainium.runconfig import checkpoint_tokenizer_dir
+
+    assets, source = run.data.hf_assets_path, checkpoint_tokenizer_dir(run)
+    why = "the checkpoint's own" if source == assets else "data.hf_assets_path"
+    notes.append(f"tokenizer: {assets} ({why})")
+    if source is None or source == assets or not os.path.isfile(os.path.join(assets, "tokenizer.json")):
+        return []
+    (theirs, their_special), (ours, our_special) = _tokenizer_identity(source), _tokenizer_identity(assets)
+    if theirs == ours and their_special == our_special:
+        return []
+    what = (
+        f"vocab {len(ours)} vs the checkpoint's {len(theirs)}" if theirs != ours else "special tokens differ"
+    )
+    message = f"not the tokenizer of {source} ({what}): the model would train and export on other token ids"
+    if run.data.allow_other_tokenizer:
+        notes.append(f"WARNING data.allow_other_tokenizer=true: {message}")
+        return []
+    fix = "leave data.hf_assets_path unset (the checkpoint's tokenizer), or data.allow_other_tokenizer=true if deliberate"
+    return [Problem("data.hf_assets_path", assets, message, fix)]
+
+
 def needs_hub(run: RunConf) -> bool:
     path = run.data.dataset_path
     return not (path and os.path.isabs(path))
