@@ -103,3 +103,14 @@ def differences(flavor: dict, published: dict) -> list[str]:
         for key in keys
         if not _same(flavor.get(key), published.get(key))
     ]
+
+
+def matching_flavor(cfg) -> str | None:
+    """The flavor whose fields equal this config's, if one does."""
+    from qwen3_trainium import flavors
+
+    published = published_fields(cfg)
+    for name in flavors.all_flavors():
+        if not differences(flavor_fields(flavors.model_spec(name, "flex").model), published):
+            return name
+    return None

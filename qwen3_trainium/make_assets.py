@@ -15,6 +15,7 @@ DATA_DIR = Path(__file__).parent / "data"
 CORPUS_DIR = DATA_DIR / "corpus"
 TOKENIZER_DIR = DATA_DIR / "tokenizer"
 HF_TINY_DIR = DATA_DIR / "hf" / "qwen3-tiny"  # generated, not committed (make assets / on first use)
+HF_TINY_MOE_DIR = DATA_DIR / "hf" / "qwen3-tiny-moe"  # a Qwen3MoeForCausalLM of tiny_moe's shape
 VOCAB_SIZE = 512
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS, "<|im_start|>", "<|im_end|>"]
@@ -84,7 +85,7 @@ def train_tokenizer(docs: list[str], out_dir: Path) -> None:
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def make_hf_model(out_dir: Path = HF_TINY_DIR, seed: int = 0) -> Path:
+def make_hf_model(out_dir: Path = HF_TINY_DIR, seed: int = 0, moe: bool = False) -> Path:
     """A random-init Qwen3 with the ``tiny`` flavor's dimensions, saved as a complete HF
     checkpoint directory (config.json, model.safetensors, tokenizer files). Deterministic.
 
@@ -94,26 +95,40 @@ def make_hf_model(out_dir: Path = HF_TINY_DIR, seed: int = 0) -> Path:
     import sys
 
     subprocess.run(
-        [sys.executable, "-m", "qwen3_trainium.make_assets", "--hf-model", str(out_dir), str(seed)],
+        [
+            sys.executable,
+            "-m",
+            "qwen3_trainium.make_assets",
+            "--hf-model",
+            str(out_dir),
+            str(seed),
+            *(["moe"] if moe else []),
+        ],
         check=True,
     )
     return out_dir
 
 
-def _make_hf_model_here(out_dir: Path, seed: int) -> None:
+def _make_hf_model_here(out_dir: Path, seed: int, moe: bool = False) -> None:
     import shutil
     import tempfile
 
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
 
-    from qwen3_trainium.flavors import TINY_DIMS
+    from qwen3_trainium.flavors import TINY_DIMS, TINY_MOE_DIMS
 
     dims = TINY_DIMS
     from tokenizers import Tokenizer
 
     eos_id = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json")).token_to_id(EOS)
-    config = Qwen3Config(
+    moe_fields = dict(
+        num_experts=TINY_MOE_DIMS["num_experts"], num_experts_per_tok=TINY_MOE_DIMS["top_k"],
+        moe_intermediate_size=TINY_MOE_DIMS["moe_hidden"], norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )  # fmt: skip
+    config = (Qwen3MoeConfig if moe else Qwen3Config)(
+        **(moe_fields if moe else {}),
         vocab_size=dims["vocab"],
         hidden_size=dims["dim"],
         intermediate_size=dims["hidden"],
@@ -124,14 +139,14 @@ def _make_hf_model_here(out_dir: Path, seed: int) -> None:
         max_position_embeddings=dims["max_seq_len"],
         rope_parameters={"rope_type": "default", "rope_theta": dims["rope_theta"]},
         rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
+        tie_word_embeddings=not moe,  # as the tiny and tiny_moe flavors
         bos_token_id=None,
         eos_token_id=eos_id,
         pad_token_id=eos_id,
         initializer_range=0.02,
     )
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
+    model = AutoModelForCausalLM.from_config(config)
     # Write beside the target, then rename: a half-written directory is never seen as done.
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out_dir.parent))
@@ -148,6 +163,14 @@ def ensure_hf_model() -> Path:
     if not (HF_TINY_DIR / "model.safetensors").is_file():
         make_hf_model()
     return HF_TINY_DIR
+
+
+def ensure_hf_moe_model() -> Path:
+    """A Qwen3MoeForCausalLM with tiny_moe's shape, saved by Transformers (the Hub's per-expert
+    layout, ``num_local_experts``), made on first use."""
+    if not (HF_TINY_MOE_DIR / "model.safetensors").is_file():
+        make_hf_model(HF_TINY_MOE_DIR, seed=0, moe=True)
+    return HF_TINY_MOE_DIR
 
 
 def main() -> None:
@@ -167,6 +190,6 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:2] == ["--hf-model"]:
-        _make_hf_model_here(Path(sys.argv[2]), int(sys.argv[3]))
+        _make_hf_model_here(Path(sys.argv[2]), int(sys.argv[3]), moe=sys.argv[4:5] == ["moe"])
     else:
         main()

@@ -172,3 +172,40 @@ def test_a_hub_layout_checkpoint_passes_preflight_with_every_tensor_matched(
                                f"checkpoint.initial_load_path={model_dir}")  # fmt: skip
     assert result == ("dry_run", 0), err
     assert f"all {tensors} tensors match the model (0 missing, 0 unexpected)" in out
+
+
+# Qwen3-MoE in and out, end to end ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [("nki_moe", ["model.moe_compute_dtype=float32"]), ("native", ["model.flavor=tiny_moe"])],
+)
+def test_moe_finetune_from_transformers_and_export_round_trip(path, extra, tmp_path):
+    """From a Qwen3MoeForCausalLM saved by Transformers: every key matched, it trains, and its export
+    reloads with AutoModelForCausalLM in a fresh process with the same logits (float32)."""
+    source = make_assets.ensure_hf_moe_model()
+    proc = run_launch(
+        f"model={path}", *extra, "checkpoint=[hf_finetune,hf_export]", f"checkpoint.initial_load_path={source}",
+        "smoke=on", "tracking=off", f"hydra.run.dir={tmp_path}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "all 135 tensors match the model (0 missing, 0 unexpected)" in proc.stdout
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 11)) and rows[-1]["loss"] < rows[0]["loss"]
+    report = json.loads((tmp_path / "export_check.json").read_text())
+    print(f"{path}: MoE export round trip max abs logit diff {report['max_abs_logit_diff']:.3e}")
+    assert report["max_abs_logit_diff"] <= 1e-5
+    exported = hf_config.load(report["export_dir"])
+    assert type(exported).__name__ == "Qwen3MoeConfig"
+    assert hf_config.published_fields(exported) == hf_config.published_fields(hf_config.load(str(source)))
+
+
+def test_model_hf_refuses_a_qwen3_moe_directory_and_names_the_path_that_trains_it(tmp_path):
+    source = make_assets.ensure_hf_moe_model()
+    problems = preflight.check(
+        resolve("model=hf", f"model.hf_model={source}"), str(tmp_path), launching=False
+    )
+    assert [p.key for p in problems] == ["model.hf_model"]
+    assert "per expert" in problems[0].message and "model=nki_moe model.flavor=tiny_moe" in problems[0].fix

@@ -158,6 +158,8 @@ def _hf_model(run: RunConf) -> list[Problem]:
                 "point model.hf_model at a complete HF model directory",
             )
         )
+    elif run.model.load_weights and _moe_hub_layout(model):
+        problems.append(_moe_hf_problem(model))
     elif run.model.load_weights and not any(f.endswith(".safetensors") for f in os.listdir(model)):
         message = "no *.safetensors weights in this directory"
         problems.append(
@@ -178,6 +180,26 @@ def _hf_model(run: RunConf) -> list[Problem]:
             )
         )
     return problems
+
+
+def _moe_hub_layout(model_dir: str) -> bool:
+    from qwen3_trainium import hf_config
+
+    return hf_config.is_moe(hf_config.load(model_dir))
+
+
+def _moe_hf_problem(model_dir: str) -> Problem:
+    """model=hf cannot load a Qwen3-MoE checkpoint: say so, and what trains it instead."""
+    from qwen3_trainium import hf_config
+
+    flavor = hf_config.matching_flavor(hf_config.load(model_dir)) or "<its flavor>"
+    message = (
+        "a Qwen3-MoE checkpoint: torchtitan's Transformers backend loads experts as fused tensors "
+        "(mlp.experts.gate_up_proj), and the Hub's files (and save_pretrained's) hold them per expert "
+        "(mlp.experts.<e>.gate_proj ...), so none of its experts would load"
+    )
+    fix = f"model=nki_moe model.flavor={flavor} checkpoint=hf_finetune checkpoint.initial_load_path={model_dir} (or model=native)"
+    return Problem("model.hf_model", model_dir, message, fix)
 
 
 def model_vocab_size(run: RunConf) -> int:
