@@ -33,7 +33,12 @@ TOKENIZER_FILES = (
     "tokenizer_config.json",
     "special_tokens_map.json",
     "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
 )
+SOURCE_FILES = ("generation_config.json",)  # kept from the HF source, so the export drops in for it
+INDEX_NAME = "model.safetensors.index.json"
+SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
 class RngState:
@@ -69,6 +74,12 @@ class Qwen3CheckpointManager(CheckpointManager):
         probe_path: str = ""
         """Where to save the trained model's logits on the probe batch (empty: no probe)."""
 
+        source_dir: str = ""
+        """The HF directory the run started from: its generation_config.json goes into the export."""
+
+        hf_max_shard_size: str = "5GB"
+        """The export's safetensors files are at most this large (more: shards plus the index)."""
+
     def __init__(self, config: Config, **kwargs) -> None:
         super().__init__(config, **kwargs)
         if not self.enable:
@@ -91,9 +102,11 @@ class Qwen3CheckpointManager(CheckpointManager):
             return
         export_dir = self._create_checkpoint_id(curr_step)
         if not dist.is_initialized() or dist.get_rank() == 0:
-            complete_hf_export(export_dir, config_json, self._export.tokenizer_dir)
+            complete_hf_export(export_dir, config_json, self._export.tokenizer_dir, self._export.source_dir)
+            reshard(export_dir, parse_size(self._export.hf_max_shard_size))
         if self._export.probe_path:
-            save_probe(self.states["model"].model[0], self._export.tokenizer_dir, self._export.probe_path)
+            model = self.states["model"].model[0]
+            save_probe(model, self._export.tokenizer_dir, self._export.probe_path, self._export.export_dtype)
 
     def _untied_but_declared_tied(self) -> bool:
         model = self.states["model"].model[0]
@@ -103,16 +116,93 @@ class Qwen3CheckpointManager(CheckpointManager):
         return head.weight is not embed.weight
 
 
-def complete_hf_export(export_dir: str, config_json: str, tokenizer_dir: str) -> None:
-    """Make a torchtitan HF export a directory ``from_pretrained`` loads on its own."""
+def complete_hf_export(export_dir: str, config_json: str, tokenizer_dir: str, source_dir: str = "") -> None:
+    """Make a torchtitan HF export a directory ``from_pretrained`` loads on its own, in place of
+    its source: config.json (the source's own when there is one), generation_config.json, and the
+    tokenizer files with their chat template."""
     shutil.rmtree(os.path.join(export_dir, "sharded"), ignore_errors=True)
     if config_json:
         with open(os.path.join(export_dir, "config.json"), "w") as f:
             f.write(config_json)
-    for name in TOKENIZER_FILES:
-        source = os.path.join(tokenizer_dir, name)
+    copies = [(tokenizer_dir, name) for name in TOKENIZER_FILES]
+    copies += [(source_dir, name) for name in SOURCE_FILES if source_dir]
+    for directory, name in copies:
+        source = os.path.join(directory, name)
         if os.path.isfile(source):
             shutil.copy(source, os.path.join(export_dir, name))
+
+
+def parse_size(text: str) -> int:
+    """``5GB`` -> 5e9 bytes (decimal units, as save_pretrained's max_shard_size; KiB/MiB/GiB binary)."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?I?B?)\s*", text.upper())
+    if not match or match.group(2) not in SIZE_UNITS:
+        raise ValueError(f"not a size: {text!r} (e.g. 5GB, 500MB, 2GiB)")
+    return int(float(match.group(1)) * SIZE_UNITS[match.group(2)])
+
+
+ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "BF16": 2,
+    "F16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
+
+
+def reshard(export_dir: str, max_bytes: int) -> None:
+    """Rewrite the export's safetensors as shards of at most ``max_bytes`` plus the index, as the
+    Hub lays them out, when the export is larger than that (a tensor larger than it gets its own)."""
+    import glob
+    import math
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    files = sorted(glob.glob(os.path.join(export_dir, "*.safetensors")))
+    nbytes: dict[str, int] = {}
+    home: dict[str, str] = {}
+    for path in files:
+        with safe_open(path, "pt") as f:
+            for key in f.keys():
+                view = f.get_slice(key)
+                nbytes[key] = math.prod(view.get_shape()) * ITEMSIZE[view.get_dtype()]
+                home[key] = path
+    if sum(nbytes.values()) <= max_bytes:
+        return
+    groups: list[list[str]] = [[]]
+    used = 0
+    for key in sorted(nbytes):
+        if groups[-1] and used + nbytes[key] > max_bytes:
+            groups.append([])
+            used = 0
+        groups[-1].append(key)
+        used += nbytes[key]
+    staging = os.path.join(export_dir, ".reshard")
+    os.makedirs(staging, exist_ok=True)
+    weight_map = {}
+    for i, group in enumerate(groups, 1):
+        name = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {}
+        for key in group:
+            with safe_open(home[key], "pt") as f:
+                tensors[key] = f.get_tensor(key)
+        save_file(tensors, os.path.join(staging, name), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(group, name)
+    for path in files:
+        os.remove(path)
+    for name in os.listdir(staging):
+        os.replace(os.path.join(staging, name), os.path.join(export_dir, name))
+    os.rmdir(staging)
+    index = {"metadata": {"total_size": sum(nbytes.values())}, "weight_map": weight_map}
+    with open(os.path.join(export_dir, INDEX_NAME), "w") as f:
+        json.dump(index, f, indent=2)
 
 
 def probe_tokens(tokenizer_dir: str) -> torch.Tensor:
@@ -148,10 +238,39 @@ def model_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return (out.full_tensor() if hasattr(out, "full_tensor") else out)[:, :length].float().cpu()
 
 
-def save_probe(model: torch.nn.Module, tokenizer_dir: str, path: str) -> None:
-    """Every rank runs the forward (FSDP gathers); rank 0 writes tokens and logits."""
+class rounded_weights:
+    """Within: every floating parameter holds its value rounded to ``dtype`` (what an export in that
+    dtype carries), computed in its own dtype; the exact values come back on exit."""
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
+        self.params = [p for p in model.parameters() if p.is_floating_point() and p.dtype != dtype]
+        self.dtype, self.saved = dtype, []
+
+    @staticmethod
+    def _local(p):
+        return p.to_local() if hasattr(p, "to_local") else p.data
+
+    def __enter__(self):
+        with torch.no_grad():
+            for p in self.params:
+                local = self._local(p)
+                self.saved.append(local.clone())
+                local.copy_(local.to(self.dtype).to(local.dtype))
+        return self
+
+    def __exit__(self, *exc):
+        with torch.no_grad():
+            for p, value in zip(self.params, self.saved, strict=True):
+                self._local(p).copy_(value)
+        self.saved.clear()
+
+
+def save_probe(model: torch.nn.Module, tokenizer_dir: str, path: str, export_dtype: str = "float32") -> None:
+    """Every rank runs the forward (FSDP gathers) with the weights as the export holds them
+    (rounded to ``export_dtype``); rank 0 writes tokens and logits."""
     tokens = probe_tokens(tokenizer_dir)
-    logits = model_logits(model, tokens)
+    with rounded_weights(model, getattr(torch, export_dtype)):
+        logits = model_logits(model, tokens)
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save({"tokens": tokens, "logits": logits}, path)
 

@@ -4,8 +4,10 @@ The rank saved the trained model's logits on a fixed probe batch (``export_probe
 Python process (``python -m qwen3_trainium.export_check``) loads the exported directory with
 Transformers alone, as a user would, and runs the same tokens. It must be a fresh process:
 building torchtitan's HF backend model (the parent does, on the meta device, to check weights)
-patches Transformers' model classes for the rest of that process. Float32 training compute and a
-float32 export must agree to 1e-5; otherwise the figure is reported only.
+patches Transformers' model classes for the rest of that process. The probe ran the trained model
+with its weights rounded to ``checkpoint.export_dtype`` and the export is loaded in float32, so
+with float32 training compute the two must agree to 1e-5 whatever the export dtype (bf16, as the
+Hub carries, included); otherwise the figure is reported only.
 """
 
 from __future__ import annotations
@@ -57,9 +59,7 @@ def verify(run: RunConf, run_dir: str) -> tuple[bool, str]:
     if proc.returncode != 0:
         return False, f"export check: AutoModelForCausalLM could not load {directory}:\n{proc.stderr[-2000:]}"
     diff = float(proc.stdout.strip().splitlines()[-1])
-    exact = (
-        run.training.mixed_precision_param is ParamDtype.float32 and run.checkpoint.export_dtype == "float32"
-    )
+    exact = run.training.mixed_precision_param is ParamDtype.float32
     passed = diff <= TOLERANCE or not exact
     with open(os.path.join(run_dir, REPORT_NAME), "w") as f:
         json.dump(

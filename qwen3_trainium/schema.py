@@ -182,6 +182,7 @@ class CheckpointConf:
     save_rng: bool = True  # save every rank's RNG streams with each checkpoint (resume is exact)
     allow_partial_load: bool = False  # HF initial load with missing/unexpected keys: warn, not fail
     export_check: bool = True  # after last_save_in_hf: reload with transformers, compare logits
+    hf_max_shard_size: str = "5GB"  # HF export: shards of at most this (as save_pretrained: 5GB, 500MB)
     async_mode: str = "disabled"
 
 

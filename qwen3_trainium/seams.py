@@ -28,7 +28,12 @@ from qwen3_trainium.schema import (
     TrainingConf,
 )
 
-OUR_CHECKPOINT_FIELDS = ("save_rng", "allow_partial_load", "export_check")  # not torchtitan's
+OUR_CHECKPOINT_FIELDS = (
+    "save_rng",
+    "allow_partial_load",
+    "export_check",
+    "hf_max_shard_size",
+)  # not torchtitan's
 NATIVE = ("native", "nki_moe")
 
 

@@ -133,7 +133,11 @@ def _checkpoint(run: RunConf, spec, run_dir: str):
             source = run.model.hf_model
         else:
             source = fields["initial_load_path"] if fields["initial_load_in_hf"] else None
-        fields.update(hf_config_json=_hf_config_json(spec, source), tokenizer_dir=run.data.hf_assets_path)
+        fields.update(
+            hf_config_json=_hf_config_json(spec, source),
+            tokenizer_dir=run.data.hf_assets_path,
+            source_dir=source or "",
+        )
         if run.checkpoint.export_check:
             fields["probe_path"] = os.path.join(run_dir, PROBE_NAME)
     return Qwen3CheckpointManager.Config(**fields)

@@ -209,3 +209,41 @@ def test_model_hf_refuses_a_qwen3_moe_directory_and_names_the_path_that_trains_i
     )
     assert [p.key for p in problems] == ["model.hf_model"]
     assert "per expert" in problems[0].message and "model=nki_moe model.flavor=tiny_moe" in problems[0].fix
+
+
+# Exports that drop in where the source was --------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_bf16_export_in_small_shards_loads_in_place_of_its_source(tmp_path):
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    proc = run_launch(
+        "model=native", "checkpoint=[hf_finetune,hf_export]", f"checkpoint.initial_load_path={TINY}",
+        "checkpoint.export_dtype=bfloat16", "checkpoint.hf_max_shard_size=2MB", "smoke=on", "training.steps=2",
+        "tracking=off", f"hydra.run.dir={tmp_path}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "export_check.json").read_text())
+    print(
+        f"bf16 sharded export: max abs logit diff {report['max_abs_logit_diff']:.3e} (weights rounded to bf16 both sides)"
+    )
+    assert report["max_abs_logit_diff"] <= 1e-5
+    export = Path(report["export_dir"])
+    index = json.loads((export / "model.safetensors.index.json").read_text())
+    shards = sorted(export.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1 and set(index["weight_map"].values()) == {s.name for s in shards}
+    assert all(s.stat().st_size <= 2_000_000 + 100_000 for s in shards)  # the limit, plus the header
+    with safe_open(str(shards[0]), "pt") as f:
+        assert f.get_tensor(next(iter(f.keys()))).dtype == torch.bfloat16
+    assert (export / "generation_config.json").read_text() == (TINY / "generation_config.json").read_text()
+    assert json.loads((export / "config.json").read_text()) == json.loads((TINY / "config.json").read_text())
+    AutoModelForCausalLM.from_pretrained(export)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("2GiB", 2 * 2**30), ("123", 123)]
+)
+def test_shard_sizes_read_as_save_pretrained_reads_them(text, size):
+    assert checkpoint.parse_size(text) == size

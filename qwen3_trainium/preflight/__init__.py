@@ -6,7 +6,11 @@ user error: it returns the list, and the launcher prints it and exits non-zero.
 
 from __future__ import annotations
 
-from qwen3_trainium.preflight.checkpoint import check_checkpoint_contents, check_checkpoint_paths
+from qwen3_trainium.preflight.checkpoint import (
+    check_checkpoint_contents,
+    check_checkpoint_paths,
+    check_shard_size,
+)
 from qwen3_trainium.preflight.data import (
     check_data,
     check_hub_dataset,
@@ -71,7 +75,7 @@ def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | Non
         problems += check_device_present(run)
         if needs_hub(run) and not problems:
             problems += check_hub_dataset(run)
-    problems += check_checkpoint_paths(run)
+    problems += check_checkpoint_paths(run) + check_shard_size(run)
     problems += version_problems
     notes.append("versions:\n" + table)
     problems += check_nki_runtime(run, launching=launching, notes=notes)

@@ -18,6 +18,17 @@ from qwen3_trainium.schema import ModelPath, RunConf
 SHOWN = 5  # keys listed per kind in a message
 
 
+def check_shard_size(run: RunConf) -> list[Problem]:
+    from qwen3_trainium.checkpoint import parse_size
+
+    try:
+        parse_size(run.checkpoint.hf_max_shard_size)
+    except ValueError as err:
+        return [Problem("checkpoint.hf_max_shard_size", run.checkpoint.hf_max_shard_size, str(err),
+                        "checkpoint.hf_max_shard_size=5GB (or 500MB, 2GiB, a number of bytes)")]  # fmt: skip
+    return []
+
+
 def check_checkpoint_paths(run: RunConf) -> list[Problem]:
     ck = run.checkpoint
     if ck.initial_load_in_hf and not ck.initial_load_path and run.model.path is not ModelPath.hf:
