@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from qwen3_trainium import devices, runconfig
+from qwen3_trainium import devices, flavors, runconfig
 from qwen3_trainium.schema import ACMode, AttnBackend, ModelPath, RunConf
 
 RUN_DIR_ENV = "QWEN3_TRAINIUM_RUN_DIR"
@@ -36,8 +36,9 @@ def override_imports(run: RunConf) -> list:
     if run.model.path is not ModelPath.hf and run.model.attn_backend is AttnBackend.sdpa:
         imports.append(SDPA_OVERRIDE)
     float32_cpu = run.device.type.value == "cpu" and run.training.mixed_precision_param.value == "float32"
-    if run.model.path is not ModelPath.hf and float32_cpu and "moe_experts" not in run.model.kernels:
-        imports.append(EXPERTS_OVERRIDE)  # matches nothing in a dense model
+    moe = run.model.path is not ModelPath.hf and run.model.flavor in flavors.MOE_FLAVORS
+    if moe and float32_cpu and "moe_experts" not in run.model.kernels:
+        imports.append(EXPERTS_OVERRIDE)
     for kernel in run.model.kernels:
         target = KERNEL_OVERRIDES[kernel]
         if kernel == "moe_experts":

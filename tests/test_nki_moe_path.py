@@ -9,7 +9,7 @@ import pytest
 from conftest import resolve, run_launch
 
 from qwen3_trainium import preflight
-from qwen3_trainium.titan import SDPA_OVERRIDE, to_trainer_config
+from qwen3_trainium.titan import EXPERTS_OVERRIDE, SDPA_OVERRIDE, to_trainer_config
 
 ROPE = "qwen3_trainium.overrides.nki.rope_hf"
 MOE = "qwen3_trainium.overrides.nki.moe_experts"
@@ -38,7 +38,11 @@ def test_each_kernel_switches_off_on_its_own(tmp_path):
     only_rope = to_trainer_config(
         resolve("model=nki_moe", "model.kernels=[rope_hf]", "model.moe_block_size=512"), str(tmp_path)
     )
-    assert only_rope.override.imports == [SDPA_OVERRIDE, ROPE]
+    assert only_rope.override.imports == [
+        SDPA_OVERRIDE,
+        EXPERTS_OVERRIDE,
+        ROPE,
+    ]  # torchtitan's experts, float32 on CPU
     assert _keys("model=nki_moe", "model.kernels=[rope_hf]", "training.seq_len=128") == ["training.seq_len"]
     assert _keys("model=nki_moe", "model.kernels=[moe_experts]", "training.seq_len=128") == []
 
