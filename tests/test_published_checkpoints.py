@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import ROOT, resolve, run_launch
 
-from qwen3_trainium import checkpoint, hf_config, make_assets, preflight, runconfig
+from qwen3_trainium import checkpoint, hf_config, hf_export, make_assets, preflight, runconfig
 from tests.support import hub_layout
 from tests.support.published_configs import PUBLISHED
 
@@ -246,4 +246,4 @@ def test_a_bf16_export_in_small_shards_loads_in_place_of_its_source(tmp_path):
     ("text", "size"), [("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("2GiB", 2 * 2**30), ("123", 123)]
 )
 def test_shard_sizes_read_as_save_pretrained_reads_them(text, size):
-    assert checkpoint.parse_size(text) == size
+    assert hf_export.parse_size(text) == size

@@ -19,7 +19,7 @@ SHOWN = 5  # keys listed per kind in a message
 
 
 def check_shard_size(run: RunConf) -> list[Problem]:
-    from qwen3_trainium.checkpoint import parse_size
+    from qwen3_trainium.hf_export import parse_size
 
     try:
         parse_size(run.checkpoint.hf_max_shard_size)
