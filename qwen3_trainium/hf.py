@@ -55,9 +55,13 @@ def is_moe(model_dir: str) -> bool:
 
 
 def transformers_major() -> int:
-    import transformers
+    """From the installed distribution's metadata: importing transformers takes seconds."""
+    import importlib.metadata
 
-    return int(transformers.__version__.split(".")[0])
+    try:
+        return int(importlib.metadata.version("transformers").split(".")[0])
+    except importlib.metadata.PackageNotFoundError:
+        return 0
 
 
 def model_spec(model_dir: str, attn_backend: AttnBackend):

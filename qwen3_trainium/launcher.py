@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from qwen3_trainium import devices, nodes, preflight, report, runconfig, titan, tracking
+from qwen3_trainium import devices, gate, nodes, preflight, report, runconfig, titan, tracking
+from qwen3_trainium.preflight import cache
 from qwen3_trainium.schema import Progress, RunConf
 from qwen3_trainium.titan import CONFIG_FUNCTION, CONFIG_MODULE, RUN_DIR_ENV
 
@@ -131,33 +132,97 @@ def _tail(path: str, lines: int = TAIL_LINES) -> str:
         return ""
 
 
-def launch(argv: list[str], env: dict[str, str], *, run_dir: str, total_steps: int, progress: bool) -> int:
-    """Run torchrun; return its exit status. Without ``progress`` rank 0's output streams to the
-    terminal; with it, torchrun's output goes to ``<run_dir>/torchrun.log`` and one live line
-    shows steps, loss, tokens/s and ETA (the log's tail is printed if the run fails)."""
+@dataclass
+class Started:
+    """A torchrun the launcher started; ``log`` is rank 0's output file in progress mode."""
+
+    process: subprocess.Popen
+    log_path: str | None = None
+    log: object = None
+
+
+def start(argv: list[str], env: dict[str, str], *, run_dir: str, progress: bool) -> Started:
+    """Start torchrun. Without ``progress`` rank 0's output streams to the terminal; with it,
+    torchrun's output goes to ``<run_dir>/torchrun.log`` (see ``finish``)."""
     full_env = {**os.environ, **env}
     if not progress:
-        return subprocess.run(argv, env=full_env, check=False).returncode
-    from qwen3_trainium.progress import ProgressLine
-
+        return Started(subprocess.Popen(argv, env=full_env))
     log_path = os.path.join(run_dir, TORCHRUN_LOG)
     print(f"[qwen3-trainium] rank 0's output: {log_path} (every rank: {run_dir}/logs)", flush=True)
-    with open(log_path, "w") as log, ProgressLine(run_dir, total_steps, sys.stdout):
-        code = subprocess.run(
-            argv, env=full_env, stdout=log, stderr=subprocess.STDOUT, check=False
-        ).returncode
+    log = open(log_path, "w")
+    return Started(subprocess.Popen(argv, env=full_env, stdout=log, stderr=subprocess.STDOUT), log_path, log)
+
+
+def finish(started: Started, *, run_dir: str, total_steps: int) -> int:
+    """Wait for torchrun; return its exit status. In progress mode one live line shows steps,
+    loss, tokens/s and ETA meanwhile, and the log's tail is printed if the run fails."""
+    if started.log is None:
+        return started.process.wait()
+    from qwen3_trainium.progress import ProgressLine
+
+    with started.log, ProgressLine(run_dir, total_steps, sys.stdout):
+        code = started.process.wait()
     if code != 0:
-        print(f"[qwen3-trainium] torchrun exited {code}; the end of {log_path}:", file=sys.stderr)
-        print(_tail(log_path), file=sys.stderr, end="", flush=True)
+        print(f"[qwen3-trainium] torchrun exited {code}; the end of {started.log_path}:", file=sys.stderr)
+        print(_tail(started.log_path), file=sys.stderr, end="", flush=True)
     return code
 
 
+def launch(argv: list[str], env: dict[str, str], *, run_dir: str, total_steps: int, progress: bool) -> int:
+    """Run torchrun to the end; return its exit status."""
+    return finish(
+        start(argv, env, run_dir=run_dir, progress=progress), run_dir=run_dir, total_steps=total_steps
+    )
+
+
+class Preflight:
+    """Every pre-flight check of one job, run once: a remembered pass (``preflight/cache.py``)
+    is reused, a fresh pass is remembered."""
+
+    def __init__(self, run: RunConf, run_dir: str, *, launching: bool) -> None:
+        self.run, self.run_dir, self.launching = run, run_dir, launching
+        self.digest = None
+        if run.preflight_cache:
+            self.digest = cache.key(
+                run, run_dir, launching=launching, versions=preflight.installed_versions(run)
+            )
+        self.notes = cache.load(self.digest) if self.digest else None
+        self.cached = self.notes is not None
+
+    def problems(self) -> list:
+        if self.cached:
+            return []
+        self.notes = []
+        problems = preflight.check(self.run, self.run_dir, launching=self.launching, notes=self.notes)
+        if self.digest and not problems:
+            cache.store(self.digest, self.notes)
+        return problems
+
+    def print_notes(self) -> None:
+        for note in self.notes or []:
+            print(f"[qwen3-trainium] {note}", flush=True)
+        if self.cached:
+            print(
+                "[qwen3-trainium] pre-flight: passed before with this config, code, versions and inputs (cached; preflight_cache=false checks again)",
+                flush=True,
+            )
+
+
+def _refuse(problems: list, *, ranks_started: bool = False) -> tuple[str, int]:
+    print(preflight.format_problems(problems, ranks_started=ranks_started), file=sys.stderr)
+    return "failed", 2
+
+
 def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
-    """(status, exit code) of resolving, checking, describing or launching one job."""
+    """(status, exit code) of resolving, checking, describing or launching one job.
+
+    Nothing starts before every check passed, except in one case: the checks that need no torch
+    passed and the rest must run (not remembered). Then torchrun starts at once and the rest runs
+    here while the ranks import torch; they wait for the verdict before touching a device
+    (``gate.py``), and a refusal ends the job with the same message and exit code 2."""
     missing = preflight.missing_values(cfg)
     if missing:
-        print(preflight.format_problems(missing), file=sys.stderr)
-        return "failed", 2
+        return _refuse(missing)
     run = runconfig.resolve(cfg, job.launch_dir)
     run.run_name = run.run_name or job.run_name
     if run.doctor:
@@ -166,13 +231,13 @@ def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
         healthy, text = doctor.report(run, job.launch_dir, tty=sys.stdout.isatty())
         print(text)
         return ("ok", 0) if healthy else ("failed", 1)
-    notes: list[str] = []
-    problems = preflight.check(run, job.run_dir, launching=not run.dry_run, notes=notes)
-    if problems:
-        print(preflight.format_problems(problems), file=sys.stderr)
-        return "failed", 2
-    for note in notes:
-        print(f"[qwen3-trainium] {note}", flush=True)
+    checks = Preflight(run, job.run_dir, launching=not run.dry_run)
+    overlap = not run.dry_run and not checks.cached and not preflight.check_static(run, launching=True)
+    if not overlap:
+        problems = checks.problems()
+        if problems:
+            return _refuse(problems)
+        checks.print_notes()
     lead = run.launcher.node_rank == 0  # of several nodes, node 0 records the job
     if run.tracking.wandb and lead:
         create = not run.dry_run
@@ -181,21 +246,86 @@ def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
     if run.dry_run:
         print(describe(run, argv, env))
         return "dry_run", 0
+    if overlap:
+        return _overlapped(run, job, checks, argv, env, lead)
     if lead:
-        report.update_job(
-            job.run_dir,
-            run_name=run.run_name,
-            versions=preflight.installed_versions(run),
-            git_commit=tracking.git_commit(),
-        )
+        _record_start(run, job.run_dir)
     runconfig.save(run, job.run_dir)
+    plotter = report.RunPlotter(job.run_dir, run.run_name, run.training.steps) if lead else None
+    code = _launch_run(run, job, argv, env, None)
+    return _after_run(run, job, code, plotter)
+
+
+def _record_start(run: RunConf, run_dir: str) -> None:
+    report.update_job(
+        run_dir,
+        run_name=run.run_name,
+        versions=preflight.installed_versions(run),
+        git_commit=tracking.git_commit(),
+    )
+
+
+def _launch_run(run: RunConf, job: Job, argv: list[str], env: dict[str, str], started: Started | None) -> int:
+    progress = use_progress(run.launcher.progress, sys.stdout.isatty())
+    if started is None:
+        print(f"[qwen3-trainium] run directory: {job.run_dir}", flush=True)
+        print(f"[qwen3-trainium] {shlex.join(argv)}", flush=True)
+        started = start(argv, env, run_dir=job.run_dir, progress=progress)
+    return finish(started, run_dir=job.run_dir, total_steps=run.training.steps)
+
+
+def _overlapped(run: RunConf, job: Job, checks: Preflight, argv, env, lead: bool) -> tuple[str, int]:
+    """torchrun first, pre-flight meanwhile. The ranks read a staged copy of the resolved config,
+    so a refused run leaves the run directory's own ``resolved.yaml`` (a resume's) untouched."""
+    name = runconfig.resolved_name(run.launcher.node_rank)
+    staged = name.replace(".yaml", ".staged.yaml")
+    verdict = gate.verdict_path(job.run_dir, run.launcher.node_rank)
+    runconfig.save(run, job.run_dir, name=staged)
+    if os.path.exists(verdict):
+        os.remove(verdict)  # a verdict from an earlier run of this directory
+    env = {
+        **env,
+        runconfig.RESOLVED_ENV: staged,
+        gate.VERDICT_ENV: verdict,
+        gate.LAUNCHER_PID_ENV: str(os.getpid()),
+    }
+    progress = use_progress(run.launcher.progress, sys.stdout.isatty())
     print(f"[qwen3-trainium] run directory: {job.run_dir}", flush=True)
     print(f"[qwen3-trainium] {shlex.join(argv)}", flush=True)
-    progress = use_progress(run.launcher.progress, sys.stdout.isatty())
-    code = launch(argv, env, run_dir=job.run_dir, total_steps=run.training.steps, progress=progress)
-    if not lead:
+    started = start(argv, env, run_dir=job.run_dir, progress=progress)
+    try:
+        problems = checks.problems()
+    except BaseException:
+        gate.write(verdict, ok=False)
+        started.process.wait()
+        raise
+    if problems:
+        gate.write(verdict, ok=False, problems=len(problems))
+        started.process.wait()  # the ranks exit at the gate (those still importing, once there)
+        if started.log is not None:
+            started.log.close()
+        for path in (os.path.join(job.run_dir, staged), verdict):
+            os.remove(path)
+        return _refuse(problems, ranks_started=True)
+    if lead:
+        _record_start(run, job.run_dir)
+    runconfig.save(run, job.run_dir)
+    gate.write(verdict, ok=True)
+    checks.print_notes()
+    plotter = report.RunPlotter(job.run_dir, run.run_name, run.training.steps) if lead else None
+    try:
+        code = _launch_run(run, job, argv, env, started)
+    finally:
+        for path in (os.path.join(job.run_dir, staged), verdict):
+            os.remove(path)
+    return _after_run(run, job, code, plotter)
+
+
+def _after_run(run: RunConf, job: Job, code: int, plotter: report.RunPlotter | None) -> tuple[str, int]:
+    """On the lead node: the loss plot (drawn while torchrun shut down), then the export check."""
+    if plotter is None:
         return ("ok" if code == 0 else "failed"), code
-    report.plot_run(job.run_dir, run.run_name)
+    plotter.finish()
     if code == 0 and run.checkpoint.enable and run.checkpoint.last_save_in_hf and run.checkpoint.export_check:
         from qwen3_trainium import export_check
 

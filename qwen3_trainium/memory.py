@@ -16,8 +16,10 @@ The model's parameter counts come from the model itself, built on the meta devic
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the parent plans memory without importing torch
+    import torch
 
 from qwen3_trainium.schema import ACMode, RunConf
 

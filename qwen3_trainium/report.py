@@ -12,6 +12,7 @@ import json
 import math
 import os
 import statistics
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -110,16 +111,61 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    return pyplot
+
+
+class RunPlotter:
+    """``loss.png`` of one run, drawn as soon as the last step is in ``metrics.jsonl``: while
+    torchrun shuts down (about two seconds), not after it. ``finish`` redraws only if the
+    metrics changed since (a failed or shorter run, a resume)."""
+
+    POLL_S = 0.2
+
+    def __init__(self, run_dir: str, label: str, total_steps: int) -> None:
+        self.run_dir, self.label, self.total_steps = run_dir, label, total_steps
+        self._drawn_from: tuple | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="loss-plot", daemon=True)
+        self._thread.start()
+
+    def _stamp(self) -> tuple | None:
+        try:
+            st = os.stat(os.path.join(self.run_dir, METRICS_NAME))
+        except OSError:
+            return None
+        return st.st_size, st.st_mtime_ns
+
+    def _watch(self) -> None:
+        _pyplot()  # importing matplotlib takes about a second: done while the ranks train
+        while not self._stop.wait(self.POLL_S):
+            stamp = self._stamp()
+            rows = read_metrics(self.run_dir) if stamp else []
+            if rows and rows[-1]["step"] >= self.total_steps:
+                plot_run(self.run_dir, self.label)
+                self._drawn_from = stamp
+                return
+
+    def finish(self) -> bool:
+        self._stop.set()
+        self._thread.join()
+        if self._drawn_from is not None and self._drawn_from == self._stamp():
+            return True
+        return plot_run(self.run_dir, self.label)
+
+
 def plot_losses(series: dict[str, list[dict[str, Any]]], path: str, title: str) -> bool:
     """Loss against step, one line per label, into a PNG (headless). False when nothing to plot."""
     curves = {label: [(r["step"], r["loss"]) for r in rows if "loss" in r] for label, rows in series.items()}
     curves = {label: points for label, points in curves.items() if points}
     if not curves:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
+    plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)

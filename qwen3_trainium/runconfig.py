@@ -14,7 +14,15 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from qwen3_trainium import flavors, nodes
-from qwen3_trainium.schema import AttnBackend, DeviceType, ModelPath, ParamDtype, RunConf
+from qwen3_trainium.schema import (
+    AttnBackend,
+    CompileBackend,
+    CompileComponent,
+    DeviceType,
+    ModelPath,
+    ParamDtype,
+    RunConf,
+)
 
 RESOLVED_NAME = "resolved.yaml"
 RESOLVED_ENV = "QWEN3_TRAINIUM_RESOLVED"
@@ -57,6 +65,7 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
         run.training.mixed_precision_param = ParamDtype.float32 if device == "cpu" else ParamDtype.bfloat16
     if run.model.attn_backend is AttnBackend.auto:
         run.model.attn_backend = AttnBackend.flex if device == "cuda" else AttnBackend.sdpa
+    _resolve_compile(run)
     known_instance = device != "neuron" or run.device.instance in devices.NEURON_INSTANCES
     if run.launcher.nproc_per_node == -1 and known_instance and run.device.lnc in (1, 2):
         info = devices.device_info(device, lnc=run.device.lnc, instance=run.device.instance)
@@ -72,6 +81,19 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
     else:
         _resolve_tokenizer(run)
     return run
+
+
+def _resolve_compile(run: RunConf) -> None:
+    comp, device = run.compile, run.device.type.value
+    if comp.backend is CompileBackend.auto:
+        comp.backend = CompileBackend.neuron if device == "neuron" else CompileBackend.inductor
+    if comp.enable_async_tensor_parallel is None:
+        comp.enable_async_tensor_parallel = (
+            comp.enable
+            and device == "cuda"
+            and run.parallel.tensor_parallel_degree > 1
+            and CompileComponent.model in comp.components
+        )
 
 
 def checkpoint_tokenizer_dir(run: RunConf) -> str | None:
@@ -140,8 +162,8 @@ def rank_config_path(run_dir: str, environ=os.environ) -> str:
     return os.path.join(run_dir, environ.get(RESOLVED_ENV, RESOLVED_NAME))
 
 
-def save(run: RunConf, run_dir: str) -> str:
-    path = os.path.join(run_dir, resolved_name(run.launcher.node_rank))
+def save(run: RunConf, run_dir: str, name: str | None = None) -> str:
+    path = os.path.join(run_dir, name or resolved_name(run.launcher.node_rank))
     os.makedirs(run_dir, exist_ok=True)
     with open(path + ".tmp", "w") as f:
         f.write(to_yaml(run))

@@ -9,7 +9,6 @@ translating to ``Trainer.Config`` is unpacking, not renaming.
 from dataclasses import dataclass, field
 from enum import Enum
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 
@@ -48,6 +47,19 @@ class Progress(Enum):
     auto = "auto"  # a live progress line when stdout is a terminal, else rank 0's log streams
     on = "on"  # always the progress line (rank logs only in <run_dir>/logs)
     off = "off"  # always stream rank 0's log
+
+
+class CompileBackend(Enum):
+    auto = "auto"  # neuron on Neuron, inductor on CPU and CUDA
+    inductor = "inductor"  # CPU (needs a C++ compiler) and CUDA
+    neuron = "neuron"  # torch-neuronx's backend (AWS's Trainium throughput setting)
+    aot_eager = "aot_eager"  # traced, run eagerly: debugging a compile failure, any device
+    eager = "eager"  # Dynamo only: debugging, any device
+
+
+class CompileComponent(Enum):
+    model = "model"  # each TransformerBlock, fullgraph
+    loss = "loss"
 
 
 class ACMode(Enum):
@@ -201,6 +213,19 @@ class TrackingConf:
 
 
 @dataclass
+class CompileConf:
+    """torchtitan ``CompileConfig``: ``torch.compile`` per TransformerBlock and of the loss."""
+
+    enable: bool = False
+    components: list[CompileComponent] = field(
+        default_factory=lambda: [CompileComponent.model, CompileComponent.loss]
+    )
+    backend: CompileBackend = CompileBackend.auto
+    # null: on where it can help (CUDA, tensor parallel > 1, the model compiled), else off
+    enable_async_tensor_parallel: bool | None = None
+
+
+@dataclass
 class OverrideConf:
     """torchtitan ``OverrideConfig``: extra ``@override`` factories (``module.function``)."""
 
@@ -229,11 +254,15 @@ class RunConf:
     checkpoint: CheckpointConf = field(default_factory=CheckpointConf)
     tracking: TrackingConf = field(default_factory=TrackingConf)
     debug: DebugConf = field(default_factory=DebugConf)
+    compile: CompileConf = field(default_factory=CompileConf)
     override: OverrideConf = field(default_factory=OverrideConf)
     dry_run: bool = False
     doctor: bool = False  # report this machine's readiness (devices, tools, versions) and exit
     run_name: str = ""  # W&B run name; empty: made from the command-line overrides
+    preflight_cache: bool = True  # reuse a pre-flight pass of the same config, code, versions, inputs
 
 
 def register() -> None:
+    from hydra.core.config_store import ConfigStore  # the parent only: ranks never import Hydra
+
     ConfigStore.instance().store(name="run_schema", node=RunConf)

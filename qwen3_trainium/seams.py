@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from qwen3_trainium.schema import (
     CheckpointConf,
+    CompileConf,
     DebugConf,
     LRSchedulerConf,
     ParallelConf,
@@ -68,10 +69,11 @@ SEAMS: tuple[Seam, ...] = (
     Seam("torchtitan.config.manager:ConfigManager", "--module qwen3_trainium.titan --config trainer_config", mentions="--module"),
     Seam("torchtitan.trainer:Trainer.Config", "titan.to_trainer_config", fields=(
         "model_spec", "hf_assets_path", "dump_folder", "dataloader", "optimizer", "lr_scheduler", "training",
-        "parallelism", "activation_checkpoint", "checkpoint", "metrics", "debug", "override", "loss")),
+        "parallelism", "activation_checkpoint", "checkpoint", "metrics", "debug", "compile", "override", "loss")),
     Seam("torchtitan.config:TrainingConfig", "training.*", fields=(*_names(TrainingConf), "disable_cuda_graphs")),
     Seam("torchtitan.config:ParallelismConfig", "parallel.*", fields=_names(ParallelConf)),
     Seam("torchtitan.config:DebugConfig", "debug.*", fields=_names(DebugConf)),
+    Seam("torchtitan.config:CompileConfig", "compile.*", fields=_names(CompileConf)),
     Seam("torchtitan.config:OverrideConfig", "override.imports, model.kernels, attention", fields=("imports",)),
     Seam("torchtitan.config:override", "the @override factories (overrides/)"),
     Seam("torchtitan.config:derive", "the @override factories (overrides/)"),

@@ -193,7 +193,7 @@ def _model_parts(run: RunConf) -> tuple[type, dict]:
 def to_trainer_config(run: RunConf, run_dir: str):
     """The torchtitan ``Trainer.Config`` for a resolved run config. Pure."""
     from torchtitan.components.optimizer import LRSchedulersContainer
-    from torchtitan.config import DebugConfig, OverrideConfig, ParallelismConfig
+    from torchtitan.config import CompileConfig, DebugConfig, OverrideConfig, ParallelismConfig
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
     config_cls, model_parts = _model_parts(run)
@@ -212,12 +212,22 @@ def to_trainer_config(run: RunConf, run_dir: str):
         checkpoint=_checkpoint(run, model_parts["model_spec"], run_dir),
         metrics=_metrics(run, run_dir),
         debug=DebugConfig(seed=run.debug.seed, deterministic=run.debug.deterministic),
+        compile=CompileConfig(
+            enable=run.compile.enable,
+            components=[c.value for c in run.compile.components],
+            backend=run.compile.backend.value,
+            enable_async_tensor_parallel=bool(run.compile.enable_async_tensor_parallel),
+        ),
         override=OverrideConfig(imports=override_imports(run)),
     )
 
 
 def trainer_config():
-    """Zero-argument config function for ``torchtitan.train --module/--config`` (rank side)."""
+    """Zero-argument config function for ``torchtitan.train --module/--config`` (rank side).
+    torchtitan calls it before it builds anything: the rank waits here for pre-flight's verdict."""
+    from qwen3_trainium import gate
+
+    gate.hold_rank()
     run_dir = os.environ[RUN_DIR_ENV]
     run = runconfig.load(runconfig.rank_config_path(run_dir))
     return to_trainer_config(run, run_dir)

@@ -29,6 +29,13 @@ def _offline(monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _own_preflight_cache(monkeypatch, tmp_path_factory):
+    """Each test starts with an empty pre-flight cache of its own (no pass remembered from
+    another test, none written to the user's ~/.cache)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
 def compose_cfg(*overrides: str):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

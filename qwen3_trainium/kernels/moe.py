@@ -25,8 +25,6 @@ import torch.nn.functional as F
 
 from qwen3_trainium.kernels import neuron
 
-BLOCK_SIZES = (256, 512, 1024)  # what both NKI kernels accept (forward: B % 256 == 0)
-
 
 def num_blocks(num_tokens: int, top_k: int, num_experts: int, block_size: int) -> int:
     """Static upper bound on blocks (nki-library's ``get_n_blocks``)."""

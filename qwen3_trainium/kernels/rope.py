@@ -17,25 +17,7 @@ from __future__ import annotations
 import torch
 
 from qwen3_trainium.kernels import neuron
-
-PARTITION = 128  # SBUF partitions per NeuronCore
-
-
-def seq_multiple(lnc: int) -> int:
-    return PARTITION * lnc
-
-
-def check_seq_len(seq_len: int, lnc: int) -> None:
-    """ValueError unless ``seq_len`` is a multiple of 128 * LNC (the kernel only asserts)."""
-    multiple = seq_multiple(lnc)
-    if seq_len % multiple == 0 and seq_len > 0:
-        return
-    lower = seq_len // multiple * multiple
-    nearest = [n for n in (lower, lower + multiple) if n > 0]
-    raise ValueError(
-        f"rope_hf needs training.seq_len to be a multiple of 128 x LNC = {multiple} "
-        f"(LNC={lnc}); got {seq_len}. Nearest valid: {' or '.join(map(str, nearest))}."
-    )
+from qwen3_trainium.kernels.rules import PARTITION, check_seq_len, seq_multiple  # noqa: F401 (re-exported)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,12 @@
 
 Each problem names the config key, the bad value and the fix. ``check`` never raises for a
 user error: it returns the list, and the launcher prints it and exits non-zero.
+
+Two tiers: ``check_static`` needs neither torch nor torchtitan (the config's own values, paths,
+the world size); ``check`` is everything, including torchtitan's validation of the translated
+``Trainer.Config`` and the model built on the meta device. The launcher runs ``check_static``
+before any process starts and ``check`` either before (a dry run, a static problem) or while the
+ranks import torch, which wait for its verdict before touching a device (``gate.py``).
 """
 
 from __future__ import annotations
@@ -13,15 +19,17 @@ from qwen3_trainium.preflight.checkpoint import (
 )
 from qwen3_trainium.preflight.data import (
     check_data,
+    check_dataset_name,
     check_hub_dataset,
     check_tokenizer_fits,
     check_tokenizer_matches,
     needs_hub,
 )
-from qwen3_trainium.preflight.model import check_model, kernel_notes
+from qwen3_trainium.preflight.model import check_model, check_model_static, kernel_notes
 from qwen3_trainium.preflight.problem import Problem, format_problems
 from qwen3_trainium.preflight.run import (
     check_attention,
+    check_compile,
     check_device,
     check_device_present,
     check_nodes,
@@ -39,7 +47,7 @@ from qwen3_trainium.preflight.stack import (
 from qwen3_trainium.preflight.system import check_degrees, check_memory
 from qwen3_trainium.schema import RunConf
 
-__all__ = ["Problem", "check", "format_problems", "installed_versions", "missing_values"]
+__all__ = ["Problem", "check", "check_static", "format_problems", "installed_versions", "missing_values"]
 
 
 def missing_values(cfg) -> list[Problem]:
@@ -50,6 +58,22 @@ def missing_values(cfg) -> list[Problem]:
         Problem(key, "???", "a required value is not set", f"{key}=<value> on the command line")
         for key in sorted(OmegaConf.missing_keys(cfg))
     ]
+
+
+def check_static(run: RunConf, *, launching: bool) -> list[Problem]:
+    """The checks that import neither torch nor torchtitan (milliseconds): a subset of ``check``."""
+    return (
+        check_device(run)
+        + check_model_static(run)
+        + check_attention(run)
+        + check_compile(run)
+        + check_training(run)
+        + check_world_size(run)
+        + check_nodes(run, launching=launching)
+        + check_data(run)
+        + check_checkpoint_paths(run)
+        + check_shard_size(run)
+    )
 
 
 def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | None = None) -> list[Problem]:
@@ -64,10 +88,12 @@ def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | Non
         return problems  # the checks below need a known model and device
     problems += (
         check_attention(run)
+        + check_compile(run)
         + check_training(run)
         + check_world_size(run)
         + check_nodes(run, launching=launching)
         + check_data(run)
+        + check_dataset_name(run)
         + check_tokenizer_fits(run)
         + check_tokenizer_matches(run, notes)
     )

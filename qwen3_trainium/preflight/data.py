@@ -25,11 +25,6 @@ def check_data(run: RunConf) -> list[Problem]:
                 "point data.hf_assets_path at a directory with tokenizer.json (and tokenizer_config.json)",
             )
         )
-    from torchtitan.hf_datasets.text_datasets import DATASETS
-
-    if run.data.dataset.lower() not in DATASETS:
-        fix = f"one of {', '.join(sorted(DATASETS))}, or data=local data.dataset_path=<dir>"
-        problems.append(Problem("data.dataset", run.data.dataset, "not a torchtitan dataset name", fix))
     path = run.data.dataset_path
     if path and os.path.isabs(path) and not os.path.isdir(path):
         what = "is a file, not a directory" if os.path.isfile(path) else "does not exist"
@@ -40,6 +35,16 @@ def check_data(run: RunConf) -> list[Problem]:
         )
         problems.append(Problem("data.dataset_path", path, what, fix))
     return problems
+
+
+def check_dataset_name(run: RunConf) -> list[Problem]:
+    """data.dataset against torchtitan's registry (imports torchtitan)."""
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    if run.data.dataset.lower() in DATASETS:
+        return []
+    fix = f"one of {', '.join(sorted(DATASETS))}, or data=local data.dataset_path=<dir>"
+    return [Problem("data.dataset", run.data.dataset, "not a torchtitan dataset name", fix)]
 
 
 def _tokenizer_identity(directory: str) -> tuple[dict, dict]:

@@ -20,7 +20,15 @@ def check_model(run: RunConf) -> list[Problem]:
     return _kernels(run)
 
 
-def _kernels(run: RunConf) -> list[Problem]:
+def check_model_static(run: RunConf) -> list[Problem]:
+    """The model checks that need neither torch, transformers nor the model's dims: the HF
+    directory on disk, the kernels' names and shape rules. Run before any process starts."""
+    if run.model.path is ModelPath.hf:
+        return _hf_model(run, layout=False)
+    return _kernels(run, dims=False)
+
+
+def _kernels(run: RunConf, *, dims: bool = True) -> list[Problem]:
     from qwen3_trainium.kernels import KERNEL_OVERRIDES
 
     kernels, model = run.model.kernels, run.model
@@ -39,13 +47,13 @@ def _kernels(run: RunConf) -> list[Problem]:
     if "rope_hf" in kernels:
         problems += _rope_seq_len(run)
     if "moe_experts" in kernels:
-        problems += _moe_kernel(run)
+        problems += _moe_kernel(run, dims=dims)
     return problems
 
 
 def _rope_seq_len(run: RunConf) -> list[Problem]:
     """rope_hf's rule, on every device: a config validated here must be valid on trn2."""
-    from qwen3_trainium.kernels.rope import check_seq_len, seq_multiple
+    from qwen3_trainium.kernels.rules import check_seq_len, seq_multiple
 
     try:
         check_seq_len(run.training.seq_len, run.device.lnc)
@@ -55,8 +63,8 @@ def _rope_seq_len(run: RunConf) -> list[Problem]:
     return []
 
 
-def _moe_kernel(run: RunConf) -> list[Problem]:
-    from qwen3_trainium.kernels.moe import BLOCK_SIZES
+def _moe_kernel(run: RunConf, *, dims: bool) -> list[Problem]:
+    from qwen3_trainium.kernels.rules import BLOCK_SIZES
 
     model, par = run.model, run.parallel
     problems = []
@@ -74,7 +82,7 @@ def _moe_kernel(run: RunConf) -> list[Problem]:
             message = "the blockwise MoE kernel replaces torchtitan's token dispatch: experts stay whole on each rank"
             fix = f"parallel.{key}=1, or model.kernels without moe_experts"
             problems.append(Problem(f"parallel.{key}", degree, message, fix))
-    if run.device.type.value == "neuron":
+    if dims and run.device.type.value == "neuron":
         problems += _moe_dims_on_neuron(run)
     return problems
 
@@ -124,13 +132,13 @@ def kernel_notes(run: RunConf) -> list[str]:
     ]
 
 
-def _hf_model(run: RunConf) -> list[Problem]:
+def _hf_model(run: RunConf, *, layout: bool = True) -> list[Problem]:
     from qwen3_trainium import hf
 
     if hf.transformers_major() < hf.MIN_TRANSFORMERS_MAJOR:
-        import transformers
+        from qwen3_trainium.preflight.stack import installed
 
-        message = f"transformers {transformers.__version__} is installed; model=hf needs Transformers v5"
+        message = f"transformers {installed('transformers') or '(none)'} is installed; model=hf needs Transformers v5"
         return [
             Problem(
                 "model",
@@ -158,7 +166,7 @@ def _hf_model(run: RunConf) -> list[Problem]:
                 "point model.hf_model at a complete HF model directory",
             )
         )
-    elif run.model.load_weights and _moe_hub_layout(model):
+    elif layout and run.model.load_weights and _moe_hub_layout(model):
         problems.append(_moe_hf_problem(model))
     elif run.model.load_weights and not any(f.endswith(".safetensors") for f in os.listdir(model)):
         message = "no *.safetensors weights in this directory"

@@ -16,6 +16,11 @@ class Problem:
         return f"- {self.key} = {self.value!r}: {self.message}\n  fix: {self.fix}"
 
 
-def format_problems(problems: list[Problem]) -> str:
-    head = f"qwen3-trainium: {len(problems)} config problem(s), nothing was started:"
+def format_problems(problems: list[Problem], *, ranks_started: bool = False) -> str:
+    done = (
+        "the ranks stopped before touching a device: no step, no checkpoint"
+        if ranks_started
+        else "nothing was started"
+    )
+    head = f"qwen3-trainium: {len(problems)} config problem(s), {done}:"
     return "\n".join([head, *map(str, problems)])

@@ -4,10 +4,11 @@ being there, and torchtitan's own validation of the translated config."""
 from __future__ import annotations
 
 import logging
+import os
 
 from qwen3_trainium import devices, runconfig
 from qwen3_trainium.preflight.problem import Problem
-from qwen3_trainium.schema import AttnBackend, RunConf
+from qwen3_trainium.schema import AttnBackend, CompileComponent, RunConf
 
 
 def check_attention(run: RunConf) -> list[Problem]:
@@ -184,3 +185,45 @@ def check_titan(run: RunConf, run_dir: str):
     finally:
         root.setLevel(level)
     return [], trial
+
+
+def _cpp_compiler() -> str | None:
+    """The C++ compiler Inductor would call on CPU: $CXX, else g++ or clang++ on PATH."""
+    import shutil
+
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return shutil.which(cxx)
+    return shutil.which("g++") or shutil.which("clang++")
+
+
+def check_compile(run: RunConf) -> list[Problem]:
+    """compile.*: a backend that targets the device, async TP only where it exists."""
+    comp, device = run.compile, run.device.type.value
+    backend = comp.backend.value
+    problems = []
+    if comp.enable and not comp.components:
+        fix = "compile.components=[model,loss] (or compile=off)"
+        problems.append(Problem("compile.components", [], "compile.enable=true compiles nothing", fix))
+    if backend == "neuron" and device != "neuron":
+        message = f"the neuron backend comes with torch-neuronx and compiles for Trainium only (device.type={device})"
+        problems.append(Problem("compile.backend", backend, message, "compile.backend=auto (inductor here)"))
+    if backend == "inductor" and device == "neuron":
+        message = "Inductor does not target Neuron; AWS's Trainium setting is --compile.backend neuron"
+        problems.append(Problem("compile.backend", backend, message, "compile.backend=auto (neuron)"))
+    if comp.enable and backend == "inductor" and device == "cpu" and _cpp_compiler() is None:
+        message = "Inductor compiles C++ on CPU, and no compiler was found ($CXX, g++, clang++)"
+        fix = "install g++ (apt install g++), set CXX=<compiler>, or compile=off"
+        problems.append(Problem("compile.backend", backend, message, fix))
+    if comp.enable_async_tensor_parallel:
+        why = []
+        if device != "cuda":
+            why.append(f"it is an Inductor pass over CUDA symmetric memory (device.type={device})")
+        if run.parallel.tensor_parallel_degree <= 1:
+            why.append("it overlaps tensor-parallel collectives and parallel.tensor_parallel_degree is 1")
+        if not comp.enable or CompileComponent.model not in comp.components:
+            why.append("it needs the model compiled (compile=on with model in compile.components)")
+        if why:
+            fix = "compile.enable_async_tensor_parallel=null (on only where it applies)"
+            problems.append(Problem("compile.enable_async_tensor_parallel", True, "; ".join(why), fix))
+    return problems
