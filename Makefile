@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-neuron lock doctor test-neuron test-gpu smoke smoke-native smoke-hf smoke-nki-moe sweep-paths wandb-sync test test-fast lint format bench bench-paths assets clean
+.PHONY: setup setup-neuron lock doctor test-neuron test-gpu smoke smoke-native smoke-hf smoke-nki-moe sweep-paths wandb-sync test test-fast lint format bench bench-compile bench-paths assets clean
 
 setup: $(STAMP)
 
@@ -85,8 +85,14 @@ format: setup
 
 bench: setup
 	$(PY) bench/launch_overhead.py
+	$(PY) bench/compile.py
 	$(PY) bench/paths.py
 	$(PY) bench/kernels.py
+
+# torch.compile against eager (CPU by default; DEVICE=cuda or neuron on such a host)
+DEVICE ?= cpu
+bench-compile: setup
+	$(PY) bench/compile.py --device $(DEVICE)
 
 bench-paths: setup
 	$(PY) bench/paths.py

@@ -232,7 +232,9 @@ def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
         print(text)
         return ("ok", 0) if healthy else ("failed", 1)
     checks = Preflight(run, job.run_dir, launching=not run.dry_run)
-    overlap = not run.dry_run and not checks.cached and not preflight.check_static(run, launching=True)
+    overlap = (
+        not run.dry_run and not checks.cached and not preflight.check_static(run, job.run_dir, launching=True)
+    )
     if not overlap:
         problems = checks.problems()
         if problems:

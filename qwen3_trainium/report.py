@@ -122,14 +122,16 @@ def _pyplot():
 
 class RunPlotter:
     """``loss.png`` of one run, drawn as soon as the last step is in ``metrics.jsonl``: while
-    torchrun shuts down (about two seconds), not after it. ``finish`` redraws only if the
-    metrics changed since (a failed or shorter run, a resume)."""
+    torchtitan and torchrun shut down (two seconds and more of idle CPU), not after them, and
+    not while the ranks start or train (importing matplotlib takes about a CPU second).
+    ``finish`` redraws only if the metrics changed since (a failed or shorter run, a resume)."""
 
     POLL_S = 0.2
 
     def __init__(self, run_dir: str, label: str, total_steps: int) -> None:
         self.run_dir, self.label, self.total_steps = run_dir, label, total_steps
         self._drawn_from: tuple | None = None
+        self._seen: tuple | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="loss-plot", daemon=True)
         self._thread.start()
@@ -142,14 +144,31 @@ class RunPlotter:
         return st.st_size, st.st_mtime_ns
 
     def _watch(self) -> None:
-        _pyplot()  # importing matplotlib takes about a second: done while the ranks train
         while not self._stop.wait(self.POLL_S):
             stamp = self._stamp()
-            rows = read_metrics(self.run_dir) if stamp else []
-            if rows and rows[-1]["step"] >= self.total_steps:
+            if stamp is None or stamp == self._seen:
+                continue
+            self._seen = stamp
+            if self._last_step() >= self.total_steps:
                 plot_run(self.run_dir, self.label)
                 self._drawn_from = stamp
                 return
+
+    def _last_step(self) -> int:
+        """The step of the file's last complete row (only its tail is read: a long run's file is big)."""
+        path = os.path.join(self.run_dir, METRICS_NAME)
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.path.getsize(path) - 8192))
+                lines = f.read().splitlines()
+        except OSError:
+            return 0
+        for line in reversed(lines):
+            try:
+                return int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+        return 0
 
     def finish(self) -> bool:
         self._stop.set()
@@ -179,8 +198,10 @@ def plot_losses(series: dict[str, list[dict[str, Any]]], path: str, title: str) 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    partial = f"{path}.{os.getpid()}.partial.png"
+    fig.savefig(partial)
     plt.close(fig)
+    os.replace(partial, path)  # whoever sees loss.png sees all of it
     return True
 
 

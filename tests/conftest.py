@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -71,9 +72,20 @@ def shipped_options() -> list[tuple[str, str]]:
     )
 
 
+# One pre-flight cache for the session's real launches, as a user's machine has one: a config
+# launched by several tests is checked in full once. (In-process tests keep their own, empty.)
+SESSION_PREFLIGHT_CACHE = Path(tempfile.mkdtemp(prefix="qwen3-trainium-preflight-"))
+
+
 def run_launch(*args: str, cwd: Path = ROOT, timeout: float = 600, env: dict | None = None):
     """``python launch.py ARGS`` as a user runs it; returns the CompletedProcess."""
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", **(env or {})}
+    full_env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "XDG_CACHE_HOME": str(SESSION_PREFLIGHT_CACHE),
+        **(env or {}),
+    }
     return subprocess.run(
         [sys.executable, str(ROOT / "launch.py"), *args],
         cwd=cwd,

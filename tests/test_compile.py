@@ -43,7 +43,9 @@ def test_auto_picks_the_backend_and_async_tp_by_device(overrides, backend, async
     ],
 )
 def test_combinations_that_cannot_work_are_refused_with_the_reason(overrides, key, words):
-    problems = preflight.check_static(resolve("model=native", "compile=on", *overrides), launching=False)
+    problems = preflight.check_static(
+        resolve("model=native", "compile=on", *overrides), "/tmp", launching=False
+    )
     assert [p.key for p in problems] == [key]
     assert words in problems[0].message and problems[0].fix
 

@@ -32,7 +32,7 @@ schema.register(); runconfig.register_resolvers()
 for overrides in {STATIC_CONFIGS!r}:
     with initialize_config_dir(config_dir={str(ROOT / "conf")!r}, version_base="1.3"):
         run = runconfig.resolve(compose("config", overrides=overrides), {str(ROOT)!r})
-    preflight.check_static(run, launching=True)
+    preflight.check_static(run, "/tmp/r", launching=True)
     preflight.installed_versions(run)
     launcher.torchrun_argv(run, "/tmp/r"), launcher.rank_env(run, "/tmp/r", dict(os.environ))
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchtitan", "transformers", "matplotlib")))

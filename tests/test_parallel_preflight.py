@@ -169,10 +169,7 @@ def test_doctor_reports_and_exits_by_colour(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
-    [
-        ["model.flavor=debugmodel", "training.local_batch_size=4"],
-        ["model.flavor=debugmodel", "training.local_batch_size=8"],
-    ],
+    [["model.flavor=debugmodel", "training.local_batch_size=4"]],  # batch 8: bench/memory.py (issue 17)
 )
 def test_memory_estimate_is_within_25_percent_of_measured_cpu_peak(overrides, tmp_path):
     proc = run_launch(*overrides, "training.steps=4", "tracking=off", f"hydra.run.dir={tmp_path}")

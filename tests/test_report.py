@@ -153,3 +153,29 @@ def test_git_commit_names_head_or_is_empty_outside_git(tmp_path):
     commit = tracking.git_commit()
     assert len(commit.split("-")[0]) == 40
     assert tracking.git_commit(tmp_path) == ""
+
+
+def test_the_run_plot_is_drawn_once_the_last_step_is_logged_and_redrawn_if_more_came(tmp_path):
+    import time
+
+    def log(step: int) -> None:
+        with open(tmp_path / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "loss": 5.0 - step}) + "\n")
+
+    plotter = report.RunPlotter(str(tmp_path), "run", total_steps=3)
+    for step in (1, 2):
+        log(step)
+    time.sleep(4 * report.RunPlotter.POLL_S)
+    assert not (tmp_path / "loss.png").exists()  # not before the last step
+    log(3)
+    deadline = time.time() + 30
+    while not (tmp_path / "loss.png").exists():
+        assert time.time() < deadline, "the plot was not drawn after the last step"
+        time.sleep(0.05)
+    drawn = (tmp_path / "loss.png").stat().st_mtime_ns
+    assert plotter.finish() and (tmp_path / "loss.png").stat().st_mtime_ns == drawn  # not drawn twice
+
+    late = report.RunPlotter(str(tmp_path), "run", total_steps=3)
+    time.sleep(0.01)
+    log(4)  # the metrics changed after the watcher could have drawn: finish draws the final file
+    assert late.finish() and (tmp_path / "loss.png").stat().st_mtime_ns > drawn

@@ -15,6 +15,7 @@ from __future__ import annotations
 from qwen3_trainium.preflight.checkpoint import (
     check_checkpoint_contents,
     check_checkpoint_paths,
+    check_resume_kind,
     check_shard_size,
 )
 from qwen3_trainium.preflight.data import (
@@ -60,7 +61,7 @@ def missing_values(cfg) -> list[Problem]:
     ]
 
 
-def check_static(run: RunConf, *, launching: bool) -> list[Problem]:
+def check_static(run: RunConf, run_dir: str, *, launching: bool) -> list[Problem]:
     """The checks that import neither torch nor torchtitan (milliseconds): a subset of ``check``."""
     return (
         check_device(run)
@@ -72,6 +73,7 @@ def check_static(run: RunConf, *, launching: bool) -> list[Problem]:
         + check_nodes(run, launching=launching)
         + check_data(run)
         + check_checkpoint_paths(run)
+        + check_resume_kind(run, run_dir)
         + check_shard_size(run)
     )
 
@@ -101,7 +103,7 @@ def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | Non
         problems += check_device_present(run)
         if needs_hub(run) and not problems:
             problems += check_hub_dataset(run)
-    problems += check_checkpoint_paths(run) + check_shard_size(run)
+    problems += check_checkpoint_paths(run) + check_resume_kind(run, run_dir) + check_shard_size(run)
     problems += version_problems
     notes.append("versions:\n" + table)
     problems += check_nki_runtime(run, launching=launching, notes=notes)

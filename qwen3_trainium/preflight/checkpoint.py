@@ -167,6 +167,22 @@ def latest_step(folder: str) -> tuple[int, str] | None:
     return max(found) if found else None
 
 
+def check_resume_kind(run: RunConf, run_dir: str) -> list[Problem]:
+    """The newest step torchtitan would resume from is not an HF export (files only, no torch)."""
+    if not run.checkpoint.enable:
+        return []
+    folder = os.path.join(run_dir, run.checkpoint.folder)
+    latest = latest_step(folder)
+    if latest is None or latest[1] != "hf":
+        return []
+    step_dir = os.path.join(folder, f"step-{latest[0]}")
+    message = (
+        f"{step_dir} is the HF export of a finished run; torchtitan would try to resume from it and fail"
+    )
+    fix = f"a new run directory, starting from it: checkpoint=hf_finetune checkpoint.initial_load_path={step_dir}"
+    return [Problem("checkpoint.folder", folder, message, fix)]
+
+
 def _resume_folder(folder: str, trial, notes: list[str]) -> list[Problem]:
     latest = latest_step(folder)
     if latest is None:
@@ -174,11 +190,7 @@ def _resume_folder(folder: str, trial, notes: list[str]) -> list[Problem]:
     step, kind = latest
     step_dir = os.path.join(folder, f"step-{step}")
     if kind == "hf":
-        message = (
-            f"{step_dir} is the HF export of a finished run; torchtitan would try to resume from it and fail"
-        )
-        fix = f"a new run directory, starting from it: checkpoint=hf_finetune checkpoint.initial_load_path={step_dir}"
-        return [Problem("checkpoint.folder", folder, message, fix)]
+        return []  # check_resume_kind reports it
     from torch.distributed.checkpoint import FileSystemReader
 
     saved = FileSystemReader(step_dir).read_metadata().state_dict_metadata
