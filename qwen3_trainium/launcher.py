@@ -168,24 +168,16 @@ def finish(started: Started, *, run_dir: str, total_steps: int) -> int:
     return code
 
 
-def launch(argv: list[str], env: dict[str, str], *, run_dir: str, total_steps: int, progress: bool) -> int:
-    """Run torchrun to the end; return its exit status."""
-    return finish(
-        start(argv, env, run_dir=run_dir, progress=progress), run_dir=run_dir, total_steps=total_steps
-    )
-
-
 class Preflight:
     """Every pre-flight check of one job, run once: a remembered pass (``preflight/cache.py``)
     is reused, a fresh pass is remembered."""
 
     def __init__(self, run: RunConf, run_dir: str, *, launching: bool) -> None:
         self.run, self.run_dir, self.launching = run, run_dir, launching
+        self.versions = preflight.installed_versions(run)  # for the cache key and job.json
         self.digest = None
         if run.preflight_cache:
-            self.digest = cache.key(
-                run, run_dir, launching=launching, versions=preflight.installed_versions(run)
-            )
+            self.digest = cache.key(run, run_dir, launching=launching, versions=self.versions)
         self.notes = cache.load(self.digest) if self.digest else None
         self.cached = self.notes is not None
 
@@ -251,29 +243,27 @@ def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
     if overlap:
         return _overlapped(run, job, checks, argv, env, lead)
     if lead:
-        _record_start(run, job.run_dir)
+        _record_start(run, job.run_dir, checks.versions)
     runconfig.save(run, job.run_dir)
-    plotter = report.RunPlotter(job.run_dir, run.run_name, run.training.steps) if lead else None
-    code = _launch_run(run, job, argv, env, None)
-    return _after_run(run, job, code, plotter)
+    return _run_to_end(run, job, _start(run, job, argv, env), lead)
 
 
-def _record_start(run: RunConf, run_dir: str) -> None:
-    report.update_job(
-        run_dir,
-        run_name=run.run_name,
-        versions=preflight.installed_versions(run),
-        git_commit=tracking.git_commit(),
-    )
+def _record_start(run: RunConf, run_dir: str, versions: dict[str, str]) -> None:
+    report.update_job(run_dir, run_name=run.run_name, versions=versions, git_commit=tracking.git_commit())
 
 
-def _launch_run(run: RunConf, job: Job, argv: list[str], env: dict[str, str], started: Started | None) -> int:
+def _start(run: RunConf, job: Job, argv: list[str], env: dict[str, str]) -> Started:
+    print(f"[qwen3-trainium] run directory: {job.run_dir}", flush=True)
+    print(f"[qwen3-trainium] {shlex.join(argv)}", flush=True)
     progress = use_progress(run.launcher.progress, sys.stdout.isatty())
-    if started is None:
-        print(f"[qwen3-trainium] run directory: {job.run_dir}", flush=True)
-        print(f"[qwen3-trainium] {shlex.join(argv)}", flush=True)
-        started = start(argv, env, run_dir=job.run_dir, progress=progress)
-    return finish(started, run_dir=job.run_dir, total_steps=run.training.steps)
+    return start(argv, env, run_dir=job.run_dir, progress=progress)
+
+
+def _run_to_end(run: RunConf, job: Job, started: Started, lead: bool) -> tuple[str, int]:
+    """Wait for torchrun; on the lead node the loss plot (drawn while torchrun shuts down)."""
+    plotter = report.RunPlotter(job.run_dir, run.run_name, run.training.steps) if lead else None
+    code = finish(started, run_dir=job.run_dir, total_steps=run.training.steps)
+    return _after_run(run, job, code, plotter)
 
 
 def _overlapped(run: RunConf, job: Job, checks: Preflight, argv, env, lead: bool) -> tuple[str, int]:
@@ -291,36 +281,30 @@ def _overlapped(run: RunConf, job: Job, checks: Preflight, argv, env, lead: bool
         gate.VERDICT_ENV: verdict,
         gate.LAUNCHER_PID_ENV: str(os.getpid()),
     }
-    progress = use_progress(run.launcher.progress, sys.stdout.isatty())
-    print(f"[qwen3-trainium] run directory: {job.run_dir}", flush=True)
-    print(f"[qwen3-trainium] {shlex.join(argv)}", flush=True)
-    started = start(argv, env, run_dir=job.run_dir, progress=progress)
+    started = _start(run, job, argv, env)
     try:
-        problems = checks.problems()
-    except BaseException:
-        gate.write(verdict, ok=False)
-        started.process.wait()
-        raise
-    if problems:
-        gate.write(verdict, ok=False, problems=len(problems))
-        started.process.wait()  # the ranks exit at the gate (those still importing, once there)
-        if started.log is not None:
-            started.log.close()
-        for path in (os.path.join(job.run_dir, staged), verdict):
-            os.remove(path)
-        return _refuse(problems, ranks_started=True)
-    if lead:
-        _record_start(run, job.run_dir)
-    runconfig.save(run, job.run_dir)
-    gate.write(verdict, ok=True)
-    checks.print_notes()
-    plotter = report.RunPlotter(job.run_dir, run.run_name, run.training.steps) if lead else None
-    try:
-        code = _launch_run(run, job, argv, env, started)
+        try:
+            problems = checks.problems()
+        except BaseException:
+            gate.write(verdict, ok=False)
+            started.process.wait()
+            raise
+        if problems:
+            gate.write(verdict, ok=False, problems=len(problems))
+            started.process.wait()  # the ranks exit at the gate (those still importing, once there)
+            if started.log is not None:
+                started.log.close()
+            return _refuse(problems, ranks_started=True)
+        if lead:
+            _record_start(run, job.run_dir, checks.versions)
+        runconfig.save(run, job.run_dir)
+        gate.write(verdict, ok=True)
+        checks.print_notes()
+        return _run_to_end(run, job, started, lead)
     finally:
         for path in (os.path.join(job.run_dir, staged), verdict):
-            os.remove(path)
-    return _after_run(run, job, code, plotter)
+            if os.path.exists(path):
+                os.remove(path)
 
 
 def _after_run(run: RunConf, job: Job, code: int, plotter: report.RunPlotter | None) -> tuple[str, int]:
