@@ -127,3 +127,12 @@ def test_a_torchtitan_level_refusal_after_the_ranks_started_exits_2_and_leaves_n
     job = json.loads((run_dir / "job.json").read_text())
     assert (job["status"], job["exit_code"]) == ("failed", 2)
     assert report.read_metrics(str(run_dir)) == []
+
+
+def test_a_remembered_pass_does_not_outlive_the_compiler_it_found(dry_run, tmp_path, monkeypatch):
+    args = ("model=native", "compile=on")
+    (_, code), _, _ = dry_run(ROOT, tmp_path / "r1", *args)
+    assert code == 0
+    monkeypatch.setenv("CXX", "no-such-compiler")  # what check_compile reads: a new key
+    (_, code), _, err = dry_run(ROOT, tmp_path / "r2", *args)
+    assert code == 2 and "no compiler was found" in err

@@ -7,7 +7,8 @@ a dry run, or the same job run again, need not pay that twice. The key is a hash
 - the inputs the checks read: the tokenizer, data and checkpoint paths (each entry's name, size
   and mtime, one level deep), the run directory's checkpoint folder (what a resume finds);
 - the environment the checks read (Slurm's variables, visible devices, Hugging Face offline
-  switches) and whether an accelerator is present.
+  switches, ``PATH`` and ``CXX``, where Inductor's C++ compiler is looked up) and whether an
+  accelerator is present.
 Only passes are stored, with their notes; a config with a problem is checked afresh every time.
 Entries live in ``$XDG_CACHE_HOME/qwen3-trainium/preflight`` (``~/.cache`` by default);
 ``preflight_cache=false`` checks everything every time.
@@ -24,7 +25,7 @@ from pathlib import Path
 from qwen3_trainium.schema import RunConf
 
 PACKAGE = Path(__file__).resolve().parents[1]
-ENV_PREFIXES = ("SLURM_", "CUDA_VISIBLE_DEVICES", "NEURON_", "HF_", "TRANSFORMERS_OFFLINE")
+ENV_PREFIXES = ("SLURM_", "CUDA_VISIBLE_DEVICES", "NEURON_", "HF_", "TRANSFORMERS_OFFLINE", "CXX", "PATH")
 
 
 def cache_dir(environ=os.environ) -> Path:
