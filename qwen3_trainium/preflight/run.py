@@ -208,6 +208,9 @@ def check_compile(run: RunConf) -> list[Problem]:
     if backend == "neuron" and device != "neuron":
         message = f"the neuron backend comes with torch-neuronx and compiles for Trainium only (device.type={device})"
         problems.append(Problem("compile.backend", backend, message, "compile.backend=auto (inductor here)"))
+    # Source: AWS's guide to Qwen3 on Trainium with torchtitan, as recorded in shared/STACK.md
+    # ("For throughput AWS recommends --compile.enable --compile.backend neuron with SimpleFSDP;
+    # eager is for correctness"); the neuron backend ships with torch-neuronx.
     if backend == "inductor" and device == "neuron":
         message = "Inductor does not target Neuron; AWS's Trainium setting is --compile.backend neuron"
         problems.append(Problem("compile.backend", backend, message, "compile.backend=auto (neuron)"))
