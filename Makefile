@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-neuron lock doctor test-neuron test-gpu smoke smoke-native smoke-hf smoke-nki-moe sweep-paths wandb-sync test test-fast lint format bench bench-compile bench-paths assets clean
+.PHONY: setup setup-neuron lock doctor test-neuron test-gpu test-heavy smoke smoke-native smoke-hf smoke-nki-moe sweep-paths wandb-sync test test-fast lint format bench bench-compile bench-paths assets clean
 
 setup: $(STAMP)
 
@@ -69,8 +69,14 @@ wandb-sync: setup
 	if [ -z "$$found" ]; then echo "no offline W&B runs under $(RUNS)/"; exit 0; fi; \
 	echo "$$found" | xargs $(VENV)/bin/wandb sync
 
+# Everything but the multi-minute cases (about 20 min on 2 cores); CI runs both targets.
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not heavy"
+
+# The multi-minute cases: the local Slurm cluster (two-node sweep, requeue, cancel), SIGTERM and
+# kill-and-resume against an uninterrupted run, the export round trip, the compiled smoke.
+test-heavy: setup
+	$(PY) -m pytest -m heavy
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow"

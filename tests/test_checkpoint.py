@@ -115,6 +115,7 @@ def _flag_lines(stdout: str, marker: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_finetune_and_export_round_trip_native_and_hf(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -160,6 +161,7 @@ RESUME = [
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_kill_and_resume_ends_where_an_uninterrupted_run_ends(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     proc = run_launch(*RESUME, f"hydra.run.dir={straight}")

@@ -66,6 +66,7 @@ def test_async_tp_names_every_reason_it_does_not_apply():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_native_smoke_trains_compiled_on_cpu_to_the_eager_losses(tmp_path):
     """`python launch.py model=native smoke=on compile=on`: Inductor on CPU, the eager losses."""
     from conftest import run_launch

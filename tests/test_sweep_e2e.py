@@ -67,6 +67,7 @@ def summary_rows(sweep_dir: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.heavy
 def test_three_paths_in_one_multirun_with_summary_plots_and_one_wandb_run_each(tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = run_launch("-m", "model=hf,native,nki_moe", "smoke=on", STEPS, f"hydra.sweep.dir={sweep_dir}")
