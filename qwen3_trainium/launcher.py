@@ -212,9 +212,9 @@ def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
     passed and the rest must run (not remembered). Then torchrun starts at once and the rest runs
     here while the ranks import torch; they wait for the verdict before touching a device
     (``gate.py``), and a refusal ends the job with the same message and exit code 2."""
-    missing = preflight.missing_values(cfg)
-    if missing:
-        return _refuse(missing)
+    unset = preflight.unknown_keys(cfg) + preflight.missing_values(cfg)
+    if unset:
+        return _refuse(unset)
     run = runconfig.resolve(cfg, job.launch_dir)
     run.run_name = run.run_name or job.run_name
     if run.doctor:

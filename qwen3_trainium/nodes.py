@@ -55,7 +55,7 @@ def shown_endpoint(launcher: LauncherConf) -> str:
 
 
 def rdzv_args(launcher: LauncherConf) -> list[str]:
-    args = ["--rdzv_backend", launcher.rdzv_backend, "--rdzv_endpoint", shown_endpoint(launcher)]
+    args = ["--rdzv_backend", launcher.rdzv_backend.value, "--rdzv_endpoint", shown_endpoint(launcher)]
     if launcher.rdzv_id != "auto":
         args += ["--rdzv_id", launcher.rdzv_id]
     return args

@@ -68,6 +68,35 @@ class ACMode(Enum):
     full = "full"
 
 
+# Closed choices whose spellings are not Python names ("for-loop", "1F1B", "async") use Enum's
+# functional form: OmegaConf matches a string against member names, so name == value here.
+def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
+    return Enum(name, [(v, v) for v in values], module=__name__, qualname=name)
+
+
+# torchtitan components/optimizer/optimizer.py: OptimizersContainer._resolve_optimizer_factory
+# (DistMuon is left out: it takes other arguments than the AdamW ones this schema passes).
+OptimizerName = _choices("OptimizerName", ("AdamW", "Adam"))
+# torchtitan components/optimizer/optimizer.py: OptimizersContainer.Config.implementation (Literal)
+OptimizerImpl = _choices("OptimizerImpl", ("fused", "foreach", "for-loop", "fused_opt_states_bf16"))
+# torchtitan components/optimizer/lr_scheduler.py: LRSchedulersContainer.Config.decay_type (Literal)
+DecayType = _choices("DecayType", ("linear", "sqrt", "cosine"))
+# torchtitan config/configs.py: ParallelismConfig.fsdp_reshard_after_forward (Literal)
+ReshardAfterForward = _choices("ReshardAfterForward", ("default", "always", "never"))
+# torch distributed/pipelining/schedules.py: get_schedule_class's schedule_map
+PipelineSchedule = _choices(
+    "PipelineSchedule",
+    ("1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"),
+)
+# torchtitan components/checkpointer/base.py: export_dtype; dcp.py: async_mode (both Literal)
+ExportDtype = _choices("ExportDtype", ("float32", "bfloat16", "float16"))
+AsyncMode = _choices("AsyncMode", ("disabled", "async", "async_with_pinned_mem"))
+# torchrun --rdzv_backend (torch distributed/elastic/rendezvous/registry.py)
+RdzvBackend = _choices("RdzvBackend", ("c10d", "static", "etcd", "etcd-v2"))
+# W&B's WANDB_MODE values, plus auto: online when WANDB_API_KEY is set, else offline
+WandbMode = _choices("WandbMode", ("auto", "online", "offline", "disabled"))
+
+
 @dataclass
 class ModelConf:
     path: ModelPath = MISSING
@@ -99,12 +128,12 @@ class TrainingConf:
 class OptimizerConf:
     """One parameter group for all parameters (torchtitan ``default_adamw`` shape)."""
 
-    name: str = "AdamW"
+    name: OptimizerName = OptimizerName["AdamW"]
     lr: float = 8e-4
     weight_decay: float = 0.1
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
-    implementation: str = "fused"
+    implementation: OptimizerImpl = OptimizerImpl["fused"]
 
 
 @dataclass
@@ -113,7 +142,7 @@ class LRSchedulerConf:
 
     warmup_steps: int = 200
     decay_ratio: float | None = None
-    decay_type: str = "linear"
+    decay_type: DecayType = DecayType["linear"]
     min_lr_factor: float = 0.0
 
 
@@ -123,11 +152,11 @@ class ParallelConf:
 
     data_parallel_replicate_degree: int = 1
     data_parallel_shard_degree: int = -1
-    fsdp_reshard_after_forward: str = "default"
+    fsdp_reshard_after_forward: ReshardAfterForward = ReshardAfterForward["default"]
     tensor_parallel_degree: int = 1
     enable_sequence_parallel: bool = True
     pipeline_parallel_degree: int = 1
-    pipeline_parallel_schedule: str = "1F1B"
+    pipeline_parallel_schedule: PipelineSchedule = PipelineSchedule["1F1B"]
     pipeline_parallel_microbatch_size: int = 1
     context_parallel_degree: int = 1
     expert_parallel_degree: int = 1
@@ -144,7 +173,7 @@ class LauncherConf:
 
     nnodes: int = 1
     nproc_per_node: int = -1  # -1: one process per device (per logical NeuronCore)
-    rdzv_backend: str = "c10d"
+    rdzv_backend: RdzvBackend = RdzvBackend["c10d"]
     # auto: localhost:0 on one node; with several, the head node (first of SLURM_JOB_NODELIST):rdzv_port
     rdzv_endpoint: str = "auto"
     rdzv_port: int = 29500  # the head node's rendezvous port when rdzv_endpoint is auto
@@ -186,7 +215,7 @@ class CheckpointConf:
     initial_load_in_hf: bool = False
     last_save_model_only: bool = True
     last_save_in_hf: bool = False
-    export_dtype: str = "float32"
+    export_dtype: ExportDtype = ExportDtype["float32"]
     keep_latest_k: int = 10
     load_step: int = -1
     load_only: bool = False
@@ -195,7 +224,7 @@ class CheckpointConf:
     allow_partial_load: bool = False  # HF initial load with missing/unexpected keys: warn, not fail
     export_check: bool = True  # after last_save_in_hf: reload with transformers, compare logits
     hf_max_shard_size: str = "5GB"  # HF export: shards of at most this (as save_pretrained: 5GB, 500MB)
-    async_mode: str = "disabled"
+    async_mode: AsyncMode = AsyncMode["disabled"]
 
 
 @dataclass
@@ -203,7 +232,7 @@ class TrackingConf:
     """Each tracker is switched on by its own option, so ``tracking=[wandb,tensorboard]`` composes."""
 
     wandb: bool = False
-    wandb_mode: str = "auto"  # auto: online when WANDB_API_KEY is set, else offline
+    wandb_mode: WandbMode = WandbMode["auto"]  # auto: online when WANDB_API_KEY is set, else offline
     project: str = "qwen3-trainium"
     tensorboard: bool = False  # torchtitan's TensorBoard logger, under <run_dir>/tb
     log_freq: int = 1

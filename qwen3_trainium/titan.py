@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from enum import Enum
 
 from qwen3_trainium import devices, flavors, runconfig
 from qwen3_trainium.schema import ACMode, AttnBackend, ModelPath, RunConf
@@ -20,6 +21,11 @@ CONFIG_FUNCTION = "trainer_config"
 METRICS_NAME = "metrics.jsonl"
 SDPA_OVERRIDE = "qwen3_trainium.overrides.attention.document_sdpa"
 EXPERTS_OVERRIDE = "qwen3_trainium.overrides.experts.param_dtype_experts"
+
+
+def fields(section) -> dict:
+    """A schema section as torchtitan's keyword arguments: closed choices (Enums) as their strings."""
+    return {k: v.value if isinstance(v, Enum) else v for k, v in dataclasses.asdict(section).items()}
 
 
 def titan_attn_backend(run: RunConf) -> str:
@@ -57,9 +63,10 @@ def _optimizer(run: RunConf):
 
     opt = run.optimizer
     kwargs = {"lr": opt.lr, "betas": tuple(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay}
+    group = ParamGroupConfig(pattern=r".*", optimizer_name=opt.name.value, optimizer_kwargs=kwargs)
     return OptimizersContainer.Config(
-        param_groups=[ParamGroupConfig(pattern=r".*", optimizer_name=opt.name, optimizer_kwargs=kwargs)],
-        implementation=opt.implementation,
+        param_groups=[group],
+        implementation=opt.implementation.value,
     )
 
 
@@ -72,11 +79,8 @@ def _activation_checkpoint(mode: ACMode):
 def _training(run: RunConf):
     from torchtitan.config import TrainingConfig
 
-    fields = dataclasses.asdict(run.training)
-    for key in ("dtype", "mixed_precision_param", "mixed_precision_reduce"):
-        fields[key] = fields[key].value
     # CUDA graphs are a CUDA feature; elsewhere torchtitan would only warn and run eager.
-    return TrainingConfig(**fields, disable_cuda_graphs=run.device.type.value != "cuda")
+    return TrainingConfig(**fields(run.training), disable_cuda_graphs=run.device.type.value != "cuda")
 
 
 def _metrics(run: RunConf, run_dir: str):
@@ -121,27 +125,27 @@ def _checkpoint(run: RunConf, spec, run_dir: str):
     model=hf adds the initial load of hf_model's weights."""
     from qwen3_trainium.checkpoint import PROBE_NAME, Qwen3CheckpointManager
 
-    fields = {k: v for k, v in dataclasses.asdict(run.checkpoint).items() if k not in OWN_CHECKPOINT_FIELDS}
-    hf_init = run.model.path is ModelPath.hf and run.model.load_weights and not fields["initial_load_path"]
+    kwargs = {k: v for k, v in fields(run.checkpoint).items() if k not in OWN_CHECKPOINT_FIELDS}
+    hf_init = run.model.path is ModelPath.hf and run.model.load_weights and not kwargs["initial_load_path"]
     if hf_init:
-        fields.update(
+        kwargs.update(
             initial_load_path=run.model.hf_model, initial_load_in_hf=True, initial_load_model_only=True
         )
-        if not fields["enable"]:  # load the weights, save nothing
-            fields.update(enable=True, load_only=True)
-    if fields["last_save_in_hf"]:
+        if not kwargs["enable"]:  # load the weights, save nothing
+            kwargs.update(enable=True, load_only=True)
+    if kwargs["last_save_in_hf"]:
         if run.model.path is ModelPath.hf:
             source = run.model.hf_model
         else:
-            source = fields["initial_load_path"] if fields["initial_load_in_hf"] else None
-        fields.update(
+            source = kwargs["initial_load_path"] if kwargs["initial_load_in_hf"] else None
+        kwargs.update(
             hf_config_json=_hf_config_json(spec, source),
             tokenizer_dir=run.data.hf_assets_path,
             source_dir=source or "",
         )
         if run.checkpoint.export_check:
-            fields["probe_path"] = os.path.join(run_dir, PROBE_NAME)
-    return Qwen3CheckpointManager.Config(**fields)
+            kwargs["probe_path"] = os.path.join(run_dir, PROBE_NAME)
+    return Qwen3CheckpointManager.Config(**kwargs)
 
 
 def hf_checkpoint(run: RunConf) -> bool:

@@ -33,7 +33,7 @@ def wandb_mode(requested: str, environ: dict[str, str]) -> str:
 def wandb_env(run: RunConf, environ: dict[str, str]) -> dict[str, str]:
     if not run.tracking.wandb:
         return {}
-    return {"WANDB_MODE": wandb_mode(run.tracking.wandb_mode, environ), "WANDB_SILENT": "true"}
+    return {"WANDB_MODE": wandb_mode(run.tracking.wandb_mode.value, environ), "WANDB_SILENT": "true"}
 
 
 def stable_run_id(run_dir: str, *, create: bool) -> str:

@@ -12,7 +12,7 @@ from qwen3_trainium.titan import SDPA_OVERRIDE, to_trainer_config
 
 NEEDS_VALUE = {
     ("parallel", "trn2_ep"): ["model.flavor=30B-A3B"],  # expert parallel needs an MoE flavor
-    ("data", "local"): ["data.dataset_path=."],
+    ("data", "local"): ["data.dataset_path=qwen3_trainium/data/corpus"],
     ("checkpoint", "hf_finetune"): ["checkpoint.initial_load_path=qwen3_trainium/data/hf/qwen3-tiny"],
 }
 
@@ -20,6 +20,7 @@ NEEDS_VALUE = {
 @pytest.mark.parametrize(("group", "option"), shipped_options())
 def test_every_shipped_option_composes_and_passes_preflight(group, option, tmp_path):
     overrides = [f"{group}={option}", *NEEDS_VALUE.get((group, option), [])]
+    assert preflight.unknown_keys(compose_cfg(*overrides)) == []  # no option adds a key the schema lacks
     run = resolve(*overrides)
     problems = preflight.check(run, str(tmp_path), launching=False)
     assert problems == [], preflight.format_problems(problems)

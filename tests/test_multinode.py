@@ -61,10 +61,10 @@ def test_several_nodes_without_a_reachable_rendezvous_are_refused(monkeypatch):
     dry = preflight.check_nodes(resolve("launcher.nnodes=2", "launcher.nproc_per_node=1"), launching=False)
     assert dry == []  # a dry run shows <head node>:29500
     bad = resolve("launcher.nnodes=2", "launcher.rdzv_endpoint=localhost:0", "launcher.node_rank=2")
-    assert [p.key for p in preflight.check_nodes(bad, launching=True)] == [
-        "launcher.rdzv_endpoint",
-        "launcher.node_rank",
-    ]
+    assert [p.key for p in preflight.check_nodes(bad, launching=True)] == ["launcher.rdzv_endpoint"]
+    ranged = [p for p in preflight.check_ranges(bad) if p.key == "launcher.node_rank"]
+    assert [(p.value, p.fix) for p in ranged] == [(2, "launcher.node_rank=-1")]
+    assert "[0, launcher.nnodes)" in ranged[0].message
 
 
 def _free_port() -> int:

@@ -93,3 +93,40 @@ def test_seq_len_beyond_the_rope_table_is_caught_before_launch():
     problems = preflight.check(resolve("training.seq_len=8192"), "/tmp", launching=False)
     assert [p.key for p in problems] == ["(torchtitan)"]
     assert "8192" in problems[0].message
+
+
+def test_a_key_added_with_plus_is_refused_with_the_nearest_spelling():
+    problems = preflight.unknown_keys(compose_cfg("+training.stepz=3", "+optimizer.zzz=1"))
+    assert [(p.key, p.value) for p in problems] == [("training.stepz", 3), ("optimizer.zzz", 1)]
+    assert problems[0].fix.startswith("training.steps=3")
+    assert "optimizer has: betas, eps, implementation, lr, name, weight_decay" in problems[1].fix
+    assert preflight.unknown_keys(compose_cfg("override.imports=[a.b]", "tracking.tags=[x]")) == []
+
+
+def test_torchtitan_messages_are_relayed_under_our_key_names():
+    from qwen3_trainium.preflight.run import ours, relayed
+
+    text = "training.local_batch_size (3) must be evenly divisible by parallelism.pipeline_parallel_microbatch_size (2)"
+    assert ours(text) == text.replace("parallelism.", "parallel.")
+    assert ours("--checkpoint.load_step=7 not found; metrics.enable_tensorboard") == (
+        "checkpoint.load_step=7 not found; tracking.tensorboard"
+    )
+    problem = relayed(
+        resolve("parallel.pipeline_parallel_microbatch_size=2"),
+        "parallelism.pipeline_parallel_microbatch_size must be > 0",
+    )
+    assert (problem.key, problem.value) == ("parallel.pipeline_parallel_microbatch_size", 2)
+    assert relayed(resolve(), "something else went wrong").key == "(torchtitan)"
+
+
+def test_neuron_only_knobs_are_noted_as_ignored_elsewhere():
+    from qwen3_trainium.preflight.run import device_notes
+
+    notes = device_notes(resolve("device=cpu", "device.lnc=1", "device.instance=trn2u.48xlarge"))
+    assert notes == [
+        "note: device.instance=trn2u.48xlarge is ignored on device.type=cpu (Neuron only)",
+        "note: device.lnc=1 is ignored on device.type=cpu (Neuron only)",
+    ]
+    assert device_notes(resolve("device=cpu", "model=nki_moe", "device.lnc=1")) == []  # rope_hf reads it
+    assert device_notes(resolve("device=neuron", "device.lnc=1")) == []
+    assert _keys("device=cpu", "device.lnc=3", "model=nki_moe") == ["device.lnc"]  # not seq_len's rule

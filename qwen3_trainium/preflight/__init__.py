@@ -19,6 +19,7 @@ from qwen3_trainium.preflight.checkpoint import (
     check_shard_size,
 )
 from qwen3_trainium.preflight.data import (
+    check_corpus,
     check_data,
     check_dataset_name,
     check_hub_dataset,
@@ -26,17 +27,20 @@ from qwen3_trainium.preflight.data import (
     check_tokenizer_matches,
     needs_hub,
 )
+from qwen3_trainium.preflight.keys import unknown_keys
 from qwen3_trainium.preflight.model import check_model, check_model_static, kernel_notes
 from qwen3_trainium.preflight.problem import Problem, format_problems
+from qwen3_trainium.preflight.ranges import check_ranges
 from qwen3_trainium.preflight.run import (
     check_attention,
     check_compile,
     check_device,
     check_device_present,
     check_nodes,
+    check_override_imports,
     check_titan,
-    check_training,
     check_world_size,
+    device_notes,
 )
 from qwen3_trainium.preflight.stack import (
     check_nki_runtime,
@@ -48,7 +52,16 @@ from qwen3_trainium.preflight.stack import (
 from qwen3_trainium.preflight.system import check_degrees, check_memory
 from qwen3_trainium.schema import RunConf
 
-__all__ = ["Problem", "check", "check_static", "format_problems", "installed_versions", "missing_values"]
+__all__ = [
+    "Problem",
+    "check",
+    "check_ranges",
+    "check_static",
+    "format_problems",
+    "installed_versions",
+    "missing_values",
+    "unknown_keys",
+]
 
 
 def missing_values(cfg) -> list[Problem]:
@@ -68,10 +81,12 @@ def check_static(run: RunConf, run_dir: str, *, launching: bool) -> list[Problem
         + check_model_static(run)
         + check_attention(run)
         + check_compile(run)
-        + check_training(run)
+        + check_ranges(run)
+        + check_override_imports(run)
         + check_world_size(run)
         + check_nodes(run, launching=launching)
         + check_data(run)
+        + check_corpus(run)
         + check_checkpoint_paths(run)
         + check_resume_kind(run, run_dir)
         + check_shard_size(run)
@@ -91,10 +106,12 @@ def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | Non
     problems += (
         check_attention(run)
         + check_compile(run)
-        + check_training(run)
+        + check_ranges(run)
+        + check_override_imports(run)
         + check_world_size(run)
         + check_nodes(run, launching=launching)
         + check_data(run)
+        + check_corpus(run)
         + check_dataset_name(run)
         + check_tokenizer_fits(run)
         + check_tokenizer_matches(run, notes)
@@ -107,7 +124,7 @@ def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | Non
     problems += version_problems
     notes.append("versions:\n" + table)
     problems += check_nki_runtime(run, launching=launching, notes=notes)
-    notes.extend(trainium_notes(run) + kernel_notes(run))
+    notes.extend(trainium_notes(run) + kernel_notes(run) + device_notes(run))
     if not problems:
         titan_problems, trial = check_titan(run, run_dir)
         problems += titan_problems

@@ -22,7 +22,8 @@ def check_shard_size(run: RunConf) -> list[Problem]:
     from qwen3_trainium.hf_export import parse_size
 
     try:
-        parse_size(run.checkpoint.hf_max_shard_size)
+        if parse_size(run.checkpoint.hf_max_shard_size) <= 0:
+            raise ValueError("a shard must hold at least one byte")
     except ValueError as err:
         return [Problem("checkpoint.hf_max_shard_size", run.checkpoint.hf_max_shard_size, str(err),
                         "checkpoint.hf_max_shard_size=5GB (or 500MB, 2GiB, a number of bytes)")]  # fmt: skip

@@ -37,6 +37,106 @@ def check_data(run: RunConf) -> list[Problem]:
     return problems
 
 
+# data=local reads a directory with datasets.load_dataset(dir, split="train") (torchtitan
+# hf_datasets/text_datasets.py, the c4_test loader), which takes every data file below it that
+# is not hidden, and each record's "text" (_process_c4_text). The documented formats are checked
+# here, reading at most SAMPLE_BYTES of each file; the others datasets reads are only listed.
+CHECKED_SUFFIXES = (".jsonl", ".json", ".txt")
+OTHER_SUFFIXES = (".parquet", ".csv", ".arrow")
+SAMPLE_BYTES = 1 << 20
+SAMPLED_RECORDS = 256  # JSON lines parsed per file
+SAMPLED_FILES = 64  # a large corpus: its first files (sorted) stand for the rest
+CORPUS_FIX = 'data.dataset_path=<a directory of *.jsonl / *.json records with a "text" field, or *.txt>'
+
+
+def check_corpus(run: RunConf) -> list[Problem]:
+    """A local corpus that would fail (or train on nothing) at the first batch: no data files, an
+    unreadable or binary file, records without "text", no text at all. Each names the file."""
+    path = run.data.dataset_path
+    if not (path and os.path.isabs(path) and os.path.isdir(path)):
+        return []  # check_data names a path that is not a directory
+    files = _visible_files(path)
+    data = [f for f in files if f.lower().endswith(CHECKED_SUFFIXES + OTHER_SUFFIXES)]
+    if not data:
+        what = f"{len(files)} file(s), none of them data" if files else "it is empty"
+        return [Problem("data.dataset_path", path, f"no readable data files ({what})", CORPUS_FIX)]
+    problems, texts = [], 0
+    for file in data[:SAMPLED_FILES]:
+        if not file.lower().endswith(CHECKED_SUFFIXES):
+            texts += 1  # columns not checked here
+            continue
+        count, problem = _sample(file)
+        texts += count
+        if problem:
+            problems.append(Problem("data.dataset_path", file, problem, CORPUS_FIX))
+    if not problems and texts == 0:
+        message = "the corpus is empty: no record with any text in " + ", ".join(
+            os.path.basename(f) for f in data
+        )
+        problems.append(Problem("data.dataset_path", path, message, CORPUS_FIX))
+    return problems
+
+
+def _visible_files(path: str) -> list[str]:
+    files = []
+    for root, dirs, names in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        files += [os.path.join(root, name) for name in names if not name.startswith(".")]
+    return sorted(files)
+
+
+def _sample(file: str) -> tuple[int, str | None]:
+    """(records with text in the file's first SAMPLE_BYTES, what is wrong with it or None)."""
+    try:
+        with open(file, "rb") as f:
+            head = f.read(SAMPLE_BYTES + 1)
+    except OSError as err:
+        return 0, f"cannot be read ({err.strerror})"
+    whole = len(head) <= SAMPLE_BYTES
+    head = head[:SAMPLE_BYTES]
+    if b"\0" in head:
+        return 0, "a binary file (NUL bytes), not text"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if whole or err.start < len(head) - 4:  # not just a character cut at the sample's end
+            return 0, f"not UTF-8 text (byte {err.start})"
+        text = head[: err.start].decode("utf-8")
+    if file.lower().endswith(".txt"):
+        return int(bool(text.strip())), None
+    if text.lstrip().startswith("["):  # a .json list of records
+        if not whole:
+            return 1, None  # too large to parse here; datasets will
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as err:
+            return 0, f"not valid JSON ({err.msg}, line {err.lineno})"
+        return _records(records if isinstance(records, list) else [records], lambda i: f"record {i}")
+    lines = text.splitlines()
+    if not whole and lines:
+        lines = lines[:-1]  # the sample may end inside a record
+    lines = lines[:SAMPLED_RECORDS]
+    parsed = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            parsed.append((number, json.loads(line)))
+        except json.JSONDecodeError as err:
+            return 0, f"line {number} is not a JSON record ({err.msg})"
+    return _records([r for _, r in parsed], lambda i: f"line {parsed[i][0]}")
+
+
+def _records(records: list, where) -> tuple[int, str | None]:
+    for i, record in enumerate(records):
+        if not isinstance(record, dict) or "text" not in record:
+            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            return 0, f'{where(i)} has no "text" field (it has: {keys})'
+        if not isinstance(record["text"], str):
+            return 0, f'{where(i)}: "text" is {type(record["text"]).__name__}, not a string'
+    return sum(1 for r in records if r["text"].strip()), None
+
+
 def check_dataset_name(run: RunConf) -> list[Problem]:
     """data.dataset against torchtitan's registry (imports torchtitan)."""
     from torchtitan.hf_datasets.text_datasets import DATASETS

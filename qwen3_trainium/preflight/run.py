@@ -3,8 +3,11 @@ being there, and torchtitan's own validation of the translated config."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import re
+from enum import Enum
 
 from qwen3_trainium import devices, runconfig
 from qwen3_trainium.preflight.problem import Problem
@@ -33,19 +36,20 @@ def check_attention(run: RunConf) -> list[Problem]:
 
 
 def check_device(run: RunConf) -> list[Problem]:
-    if run.device.type.value != "neuron":
-        return []
+    """device.*: the LNC on every device (rope_hf's seq_len rule reads it wherever the config is
+    validated, so that it is valid on trn2), the instance on Neuron (elsewhere it is ignored,
+    with a note: ``device_notes``)."""
     problems = []
     if run.device.lnc not in (1, 2):
         problems.append(
             Problem(
                 "device.lnc",
                 run.device.lnc,
-                "a logical NeuronCore is 1 or 2 physical cores",
+                "a logical NeuronCore is 1 or 2 physical cores (on every device it sets rope_hf's seq_len rule)",
                 "device.lnc=2 (trn2 default) or 1",
             )
         )
-    if run.device.instance not in devices.NEURON_INSTANCES:
+    if run.device.type.value == "neuron" and run.device.instance not in devices.NEURON_INSTANCES:
         known = ", ".join(devices.NEURON_INSTANCES)
         problems.append(
             Problem(
@@ -58,30 +62,30 @@ def check_device(run: RunConf) -> list[Problem]:
     return problems
 
 
-def check_training(run: RunConf) -> list[Problem]:
-    problems = []
-    for key in ("steps", "seq_len", "local_batch_size"):
-        value = getattr(run.training, key)
-        if value < 1:
-            problems.append(
-                Problem(
-                    f"training.{key}", value, "must be at least 1", f"training.{key}=<a positive integer>"
-                )
-            )
-    if run.launcher.nproc_per_node < 1 or run.launcher.nnodes < 1:
-        problems.append(
-            Problem(
-                "launcher.nproc_per_node",
-                run.launcher.nproc_per_node,
-                "must be at least 1 (or -1: one per device)",
-                "launcher.nproc_per_node=-1",
-            )
-        )
-    return problems
+NEURON_ONLY = ("instance", "compile_cache")  # device.* knobs that mean nothing on another device
+
+
+def device_notes(run: RunConf) -> list[str]:
+    """One line per Neuron-only knob set away from its default on another device: it is ignored."""
+    from qwen3_trainium.schema import DeviceConf
+
+    device = run.device.type.value
+    if device == "neuron":
+        return []
+    default = DeviceConf()
+    notes = [
+        f"note: device.{key}={getattr(run.device, key)} is ignored on device.type={device} (Neuron only)"
+        for key in NEURON_ONLY
+        if getattr(run.device, key) != getattr(default, key)
+    ]
+    uses_lnc = "rope_hf" in run.model.kernels
+    if run.device.lnc != default.lnc and not uses_lnc:
+        notes.append(f"note: device.lnc={run.device.lnc} is ignored on device.type={device} (Neuron only)")
+    return notes
 
 
 def check_nodes(run: RunConf, *, launching: bool) -> list[Problem]:
-    """Several nodes need one rendezvous every node can reach, and a node rank inside the job."""
+    """Several nodes need one rendezvous every node can reach (the node rank: check_ranges)."""
     launcher, problems = run.launcher, []
     if launcher.nnodes <= 1:
         return problems
@@ -93,13 +97,6 @@ def check_nodes(run: RunConf, *, launching: bool) -> list[Problem]:
     elif endpoint != "auto" and endpoint.rsplit(":", 1)[-1] in ("0", endpoint):
         message = "port 0 (or none) lets torchrun pick a port on one node; the other nodes cannot find it"
         problems.append(Problem("launcher.rdzv_endpoint", endpoint, message, fix))
-    if not 0 <= launcher.node_rank < launcher.nnodes:
-        message = f"must be in 0..{launcher.nnodes - 1} (launcher.nnodes={launcher.nnodes})"
-        problems.append(
-            Problem(
-                "launcher.node_rank", launcher.node_rank, message, "launcher.node_rank=-1 (from SLURM_NODEID)"
-            )
-        )
     return problems
 
 
@@ -108,6 +105,8 @@ def check_world_size(run: RunConf) -> list[Problem]:
     resolved = runconfig.degrees(run)
     world, fixed = resolved.world, resolved.fixed
     shard = par.data_parallel_shard_degree
+    if fixed < 1 or shard == 0 or shard < -1:
+        return []  # a degree out of range: check_ranges names it
     if world < 1 or (world % fixed == 0 if shard == -1 else fixed * shard == world):
         return []
     degrees = (
@@ -149,6 +148,38 @@ def check_device_present(run: RunConf) -> list[Problem]:
     return []
 
 
+# torchtitan's Trainer.Config sections and fields whose names differ from the keys typed here
+TITAN_SECTIONS = {"parallelism": "parallel", "metrics": "tracking", "dataloader": "data"}
+TITAN_FIELDS = {"tracking.enable_tensorboard": "tracking.tensorboard"}
+
+
+def ours(text: str) -> str:
+    """A torchtitan message with its key names (``parallelism.X``, ``--training.Y``) as typed here."""
+
+    def key(match: re.Match) -> str:
+        section, name = match.group(1), match.group(2)
+        mapped = f"{TITAN_SECTIONS.get(section, section)}.{name}"
+        return TITAN_FIELDS.get(mapped, mapped)
+
+    sections = "|".join(sorted({*TITAN_SECTIONS, *(f.name for f in dataclasses.fields(RunConf))}))
+    return re.sub(rf"(?:--)?\b({sections})\.(\w+)", key, text)
+
+
+def relayed(run: RunConf, error: str) -> Problem:
+    """A torchtitan validation error as a problem: its message in this project's key names, keyed
+    by the first of them that is a key here (with its value), else by ``(torchtitan)``."""
+    message = ours(error)
+    for match in re.finditer(r"\b([a-z_]+)\.([a-z_]+)\b", message):
+        section = getattr(run, match.group(1), None)
+        if dataclasses.is_dataclass(section) and hasattr(section, match.group(2)):
+            value = getattr(section, match.group(2))
+            value = value.value if isinstance(value, Enum) else value
+            return Problem(match.group(0), value, f"torchtitan rejected the config: {message}",
+                           f"{match.group(0)}=<a value it accepts> (see the message)")  # fmt: skip
+    return Problem("(torchtitan)", "Trainer.Config", f"torchtitan rejected the config: {message}",
+                   "change the value it names")  # fmt: skip
+
+
 def check_titan(run: RunConf, run_dir: str):
     """Let torchtitan validate here, as each rank would: build the Trainer.Config, size the
     model against it (seq_len vs RoPE table, TP vs heads) and apply the overrides, on a copy.
@@ -180,11 +211,34 @@ def check_titan(run: RunConf, run_dir: str):
                 Problem("override.imports", [str(e) for e in trial.override.imports], str(err), fix)
             ], None
     except (ValueError, TypeError, AssertionError, ImportError, NotImplementedError) as err:
-        message = f"torchtitan rejected the config: {err}"
-        return [Problem("(torchtitan)", "Trainer.Config", message, "change the value it names")], None
+        return [relayed(run, str(err))], None
     finally:
         root.setLevel(level)
     return [], trial
+
+
+def check_override_imports(run: RunConf) -> list[Problem]:
+    """override.imports (the open hatch for the user's own torchtitan ``@override`` factories):
+    each entry a ``module.function`` whose module can be found, without importing it."""
+    import importlib.util
+
+    problems = []
+    for entry in run.override.imports:
+        module, _, function = entry.rpartition(".")
+        try:
+            found = bool(module and function) and importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            problems.append(
+                Problem(
+                    "override.imports",
+                    entry,
+                    "not an importable module.function (the module is not found on sys.path)",
+                    "override.imports=[<package.module.factory>] with the package installed or on PYTHONPATH",
+                )
+            )
+    return problems
 
 
 def _cpp_compiler() -> str | None:
