@@ -4,6 +4,8 @@
 extension point) adds:
 - ``rng``: every rank's torch / Python / NumPy RNG state, so a resumed run continues the same
   random streams (torchtitan saves none);
+- ``save_at_stop``: a full checkpoint at the step a stop signal ends the run on, off the
+  ``interval`` (it widens the private ``_should_save`` for that one call);
 - after a ``last_save_in_hf`` export: the files and sharding that make the step directory a
   drop-in HF model directory (``hf_export.py``), and the logits of the trained model (weights
   rounded to the export dtype) on a fixed probe batch (``export_probe.pt``), which the launcher
@@ -77,6 +79,33 @@ class Qwen3CheckpointManager(CheckpointManager):
         if config.save_rng:
             self.states["rng"] = RngState()
         self._export = config
+        self._saved_step: int | None = None
+        self._save_now = False
+
+    def save_at_stop(self, curr_step: int) -> bool:
+        """Save a resumable checkpoint of ``curr_step`` now, whatever ``interval`` is (a stop
+        signal, ``trainer.py``), and wait until it is on disk. False when nothing is saved."""
+        if not self.enable or self.load_only:
+            return False
+        if self._saved_step != curr_step:  # else the interval or last-step save of this step ran
+            self._save_now = True
+            try:
+                self.save(curr_step)
+            finally:
+                self._save_now = False
+        self.maybe_wait_for_saving()  # an async save must be written before the rank exits
+        return self._saved_step == curr_step
+
+    def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
+        # torchtitan/components/checkpointer/dcp.py: ``_save`` returns at once unless this says
+        # yes (interval, last step, first step); a stop's save is none of those
+        return self._save_now or super()._should_save(curr_step, last_step)
+
+    def _save(self, curr_step: int, last_step: bool = False) -> bool:
+        saved = super()._save(curr_step, last_step)
+        if saved:
+            self._saved_step = curr_step
+        return saved
 
     def _save_last_step(self, curr_step: int) -> None:
         config_json = self._export.hf_config_json if self.last_save_in_hf else ""

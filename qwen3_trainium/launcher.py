@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from qwen3_trainium import devices, gate, nodes, preflight, report, runconfig, titan, tracking
+from qwen3_trainium import devices, gate, nodes, preflight, report, runconfig, stop, titan, tracking
 from qwen3_trainium.preflight import cache
 from qwen3_trainium.schema import Progress, RunConf
 from qwen3_trainium.titan import CONFIG_FUNCTION, CONFIG_MODULE, RUN_DIR_ENV
@@ -146,22 +146,50 @@ def start(argv: list[str], env: dict[str, str], *, run_dir: str, progress: bool)
     torchrun's output goes to ``<run_dir>/torchrun.log`` (see ``finish``)."""
     full_env = {**os.environ, **env}
     if not progress:
-        return Started(subprocess.Popen(argv, env=full_env))
+        return Started(_popen(argv, full_env))
     log_path = os.path.join(run_dir, TORCHRUN_LOG)
     print(f"[qwen3-trainium] rank 0's output: {log_path} (every rank: {run_dir}/logs)", flush=True)
     log = open(log_path, "w")
-    return Started(subprocess.Popen(argv, env=full_env, stdout=log, stderr=subprocess.STDOUT), log_path, log)
+    return Started(_popen(argv, full_env, stdout=log, stderr=subprocess.STDOUT), log_path, log)
+
+
+def _popen(argv: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
+    """While stop signals are handled (``stop.LauncherSignals``, see ``run_job``), torchrun runs in
+    a session of its own with SIGTERM ignored, and the launcher passes signals on (``stop.py``)."""
+    signals = stop.LauncherSignals.current
+    if signals is None:
+        return subprocess.Popen(argv, env=env, **kwargs)
+    env = {**env, **stop.torchrun_env(env)}
+    with signals.starting(env.get(stop.REQUEST_ENV)):
+        process = subprocess.Popen(
+            argv, env=env, start_new_session=True, preexec_fn=stop.ignore_sigterm, **kwargs
+        )
+        signals.attach(process)
+    return process
+
+
+def _wait(process: subprocess.Popen) -> int:
+    signals = stop.LauncherSignals.current
+    while True:
+        try:
+            code = process.wait(timeout=None if signals is None else stop.POLL_S)
+        except subprocess.TimeoutExpired:
+            signals.tick()  # SIGKILL what outlived a fast stop signal's grace
+            continue
+        if signals is not None:
+            signals.reap()  # after a fast stop, torchrun goes first: then its ranks
+        return code
 
 
 def finish(started: Started, *, run_dir: str, total_steps: int) -> int:
     """Wait for torchrun; return its exit status. In progress mode one live line shows steps,
     loss, tokens/s and ETA meanwhile, and the log's tail is printed if the run fails."""
     if started.log is None:
-        return started.process.wait()
+        return _wait(started.process)
     from qwen3_trainium.progress import ProgressLine
 
     with started.log, ProgressLine(run_dir, total_steps, sys.stdout):
-        code = started.process.wait()
+        code = _wait(started.process)
     if code != 0:
         print(f"[qwen3-trainium] torchrun exited {code}; the end of {started.log_path}:", file=sys.stderr)
         print(_tail(started.log_path), file=sys.stderr, end="", flush=True)
@@ -256,6 +284,10 @@ def _start(run: RunConf, job: Job, argv: list[str], env: dict[str, str]) -> Star
     print(f"[qwen3-trainium] run directory: {job.run_dir}", flush=True)
     print(f"[qwen3-trainium] {shlex.join(argv)}", flush=True)
     progress = use_progress(run.launcher.progress, sys.stdout.isatty())
+    # a stop asked of an earlier run of this directory (a resume's) is not this run's
+    request = stop.request_path(job.run_dir, run.launcher.node_rank)
+    stop.remove(request, *([stop.marker_path(job.run_dir)] if run.launcher.node_rank == 0 else []))
+    env = {**env, stop.REQUEST_ENV: request}
     return start(argv, env, run_dir=job.run_dir, progress=progress)
 
 
@@ -308,10 +340,18 @@ def _overlapped(run: RunConf, job: Job, checks: Preflight, argv, env, lead: bool
 
 
 def _after_run(run: RunConf, job: Job, code: int, plotter: report.RunPlotter | None) -> tuple[str, int]:
-    """On the lead node: the loss plot (drawn while torchrun shut down), then the export check."""
+    """On the lead node: the loss plot (drawn while torchrun shut down), then the export check.
+    A stop signal makes the job ``interrupted``, exit code 128 + the signal (``stop.outcome``)."""
+    marker = stop.read_json(stop.marker_path(job.run_dir))
+    status, code = stop.outcome(code, marker, stop.LauncherSignals.current)
+    if status == "interrupted":
+        print(f"[qwen3-trainium] {stop.describe(marker, code)}", file=sys.stderr, flush=True)
     if plotter is None:
-        return ("ok" if code == 0 else "failed"), code
+        return status, code
     plotter.finish()
+    if status == "interrupted":
+        report.update_job(job.run_dir, stop=marker)
+        return status, code
     if code == 0 and run.checkpoint.enable and run.checkpoint.last_save_in_hf and run.checkpoint.export_check:
         from qwen3_trainium import export_check
 
@@ -323,24 +363,38 @@ def _after_run(run: RunConf, job: Job, code: int, plotter: report.RunPlotter | N
 
 def run_job(cfg: DictConfig, job: Job) -> int:
     """One job, recorded in ``<run_dir>/job.json`` (status, exit code, wall time) for summaries
-    by its first node (every node of a multi-node job runs this, one torchrun each)."""
-    if nodes.node_rank(OmegaConf.select(cfg, "launcher.node_rank", default=-1), dict(os.environ)) != 0:
-        return _run_job(cfg, job)[1]
+    by its first node (every node of a multi-node job runs this, one torchrun each).
+    A stop signal (``stop.py``) ends the whole command with 128 + the signal, a sweep too."""
+    with stop.LauncherSignals():
+        status, code = _recorded_job(cfg, job)
+    if status == "interrupted":
+        raise SystemExit(code)
+    return code
+
+
+def _recorded_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
+    lead = nodes.node_rank(OmegaConf.select(cfg, "launcher.node_rank", default=-1), dict(os.environ)) == 0
     start = time.monotonic()
-    report.update_job(
-        job.run_dir,
-        job_num=job.num,
-        overrides=list(job.overrides),
-        total_steps=OmegaConf.select(cfg, "training.steps", default=None),
-        status="running",
-        started_at=time.time(),
-    )
     status, code = "failed", 1
     try:
+        if lead:
+            report.update_job(
+                job.run_dir,
+                job_num=job.num,
+                overrides=list(job.overrides),
+                total_steps=OmegaConf.select(cfg, "training.steps", default=None),
+                status="running",
+                started_at=time.time(),
+                stop=None,  # a resumed run's earlier stop
+            )
         status, code = _run_job(cfg, job)
+    except stop.Interrupted as stopped:
+        print(f"[qwen3-trainium] {stopped}", file=sys.stderr, flush=True)
+        status, code = "interrupted", stop.exit_code(stopped.signum)
     finally:
-        report.update_job(job.run_dir, status=status, exit_code=code, wall_s=time.monotonic() - start)
-    return code
+        if lead:
+            report.update_job(job.run_dir, status=status, exit_code=code, wall_s=time.monotonic() - start)
+    return status, code
 
 
 def hydra_task(cfg: DictConfig) -> float | None:

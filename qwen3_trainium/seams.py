@@ -92,6 +92,10 @@ SEAMS: tuple[Seam, ...] = (
     Seam("torchtitan.components.checkpoint:CheckpointManager.Config", "checkpoint.*",
          fields=_names(CheckpointConf, drop=OUR_CHECKPOINT_FIELDS)),
     Seam("torchtitan.components.checkpoint:CheckpointManager._save_last_step", "HF export completion (checkpoint.py)"),
+    # Stop signals: the step boundary every rank reaches, and the save at the agreed step.
+    Seam("torchtitan.trainer:Trainer.should_continue_training", "SIGTERM stops after an agreed step (trainer.py)"),
+    Seam("torchtitan.components.checkpoint:CheckpointManager._should_save", "SIGTERM saves whatever the interval (checkpoint.py)"),
+    Seam("torchtitan.components.checkpoint:CheckpointManager._save", "SIGTERM saves whatever the interval (checkpoint.py)"),
     Seam("torchtitan.components.checkpoint:CheckpointManager._create_checkpoint_id", "HF export completion (checkpoint.py)"),
     Seam("torchtitan.models.common.decoder:Decoder._skip_lm_head", "the export check's probe logits (checkpoint.py)", NATIVE),
     # Metrics: our processor subclass, its logger hook, the metrics rank, MFU's peak.
@@ -133,6 +137,7 @@ SEAMS: tuple[Seam, ...] = (
     Seam("torchtitan.experiments.transformers_modeling_backend:TitanModelConfig", "model=hf", ("hf",)),
     Seam("torchtitan.experiments.transformers_modeling_backend:TitanMoeModelConfig", "model=hf (MoE)", ("hf",)),
     Seam("torchtitan.experiments.transformers_modeling_backend.configs:TransformersBackendConfig", "model=hf", ("hf",)),
+    Seam("torchtitan.experiments.transformers_modeling_backend.trainer:HFTransformerTrainer", "model=hf stops on SIGTERM (trainer.py)", ("hf",)),
     Seam("torchtitan.experiments.transformers_modeling_backend.model:HFTransformerModel.Config", "model=hf (hf_model.py)", ("hf",)),
     Seam("torchtitan.experiments.transformers_modeling_backend.model:HFTransformerModel._build_dense_attention_mask",
          "model=hf on CPU and Neuron: dense document masks (hf_model.py)", ("hf",)),

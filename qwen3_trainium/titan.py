@@ -164,18 +164,18 @@ def _without_expert_bias(model_config) -> None:
 
 
 def _model_parts(run: RunConf) -> tuple[type, dict]:
-    """The Trainer.Config class and the model-specific fields (spec, loss, hf_model)."""
+    """The Trainer.Config class and the model-specific fields (spec, loss, hf_model). The
+    trainers are torchtitan's, stopping at a step boundary on SIGTERM (``trainer.py``)."""
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
-    from torchtitan.trainer import Trainer
+
+    from qwen3_trainium import trainer
 
     if run.model.path is ModelPath.hf:
-        from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
-
         from qwen3_trainium import hf
 
         spec = hf.model_spec(run.model.hf_model, run.model.attn_backend)
         parts = {"model_spec": spec, "loss": CrossEntropyLoss.Config(), "hf_model": run.model.hf_model}
-        config_cls = TransformersBackendConfig
+        config_cls = trainer.trainer_class(hf=True).Config
     else:
         from torchtitan.models.common.config_utils import decoder_vocab_size
 
@@ -188,7 +188,7 @@ def _model_parts(run: RunConf) -> tuple[type, dict]:
             loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec))
         )
         parts = {"model_spec": spec, "loss": loss}
-        config_cls = Trainer.Config
+        config_cls = trainer.trainer_class(hf=False).Config
     if run.device.type.value == "cpu":
         spec.parallelize_fn = devices.gloo_safe_parallelize(spec.parallelize_fn)
     return config_cls, parts
@@ -209,9 +209,9 @@ def to_trainer_config(run: RunConf, run_dir: str):
             dataset=run.data.dataset, dataset_path=run.data.dataset_path
         ),
         optimizer=_optimizer(run),
-        lr_scheduler=LRSchedulersContainer.Config(**dataclasses.asdict(run.lr_scheduler)),
+        lr_scheduler=LRSchedulersContainer.Config(**fields(run.lr_scheduler)),
         training=_training(run),
-        parallelism=ParallelismConfig(**dataclasses.asdict(run.parallel)),
+        parallelism=ParallelismConfig(**fields(run.parallel)),
         activation_checkpoint=_activation_checkpoint(run.activation_checkpoint.mode),
         checkpoint=_checkpoint(run, model_parts["model_spec"], run_dir),
         metrics=_metrics(run, run_dir),
