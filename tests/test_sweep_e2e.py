@@ -175,7 +175,7 @@ def test_optuna_records_failed_trials_and_searches_on(tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = run_launch(
         "-m", "hydra/sweeper=lr_search", "hydra.sweeper.n_trials=3", "training.steps=choice(0,1,2,3)", "smoke=on",
-        "tracking=off", f"hydra.sweep.dir={sweep_dir}",
+        "lr_scheduler.warmup_steps=0", "tracking=off", f"hydra.sweep.dir={sweep_dir}",
     )  # fmt: skip
     rows = summary_rows(sweep_dir)
     failed = [r for r in rows if r["status"] == "failed"]
@@ -187,3 +187,14 @@ def test_optuna_records_failed_trials_and_searches_on(tmp_path):
     assert result["best_value"] == pytest.approx(min(float(r["final_loss"]) for r in ok), abs=1e-4)
     lrs = [float(r["overrides"].split("optimizer.lr=")[1].split()[0]) for r in rows]
     assert len(set(lrs)) == 3 and all(1e-4 <= lr <= 1e-2 for lr in lrs)  # lr_search's log-uniform range
+
+
+def test_an_optuna_search_whose_every_trial_failed_ends_with_the_summary_not_a_traceback(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = run_launch(
+        "-m", "hydra/sweeper=lr_search", "hydra.sweeper.n_trials=2", "training.steps=0", "smoke=on",
+        "tracking=off", f"hydra.sweep.dir={sweep_dir}",
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert "no trial of the Optuna search completed" in proc.stderr
+    assert [r["status"] for r in summary_rows(sweep_dir)] == ["failed", "failed"]

@@ -1,0 +1,1 @@
+"""hydra-optuna-sweeper's sweeper, ending cleanly when no trial completed (``hydra/sweeper=lr_search``)."""
