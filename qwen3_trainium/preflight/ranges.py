@@ -48,8 +48,8 @@ def _at_least_1(v, _run) -> bool:
     return v >= 1
 
 
-def _degree(v, _run) -> bool:
-    return v >= 1
+def _auto_or_at_least_1(v, _run) -> bool:
+    return v == -1 or v >= 1
 
 
 RANGES: tuple[Range, ...] = (
@@ -58,7 +58,7 @@ RANGES: tuple[Range, ...] = (
     Range("training.local_batch_size", _at_least_1, ">= 1", "training.local_batch_size=8"),
     Range(
         "training.global_batch_size",
-        lambda v, _r: v == -1 or v >= 1,
+        _auto_or_at_least_1,
         "-1 (local_batch_size x data-parallel degree) or >= 1",
         "training.global_batch_size=-1",
     ),
@@ -93,30 +93,30 @@ RANGES: tuple[Range, ...] = (
     ),
     Range(
         "parallel.data_parallel_replicate_degree",
-        _degree,
+        _at_least_1,
         ">= 1",
         "parallel.data_parallel_replicate_degree=1",
     ),
     Range(
         "parallel.data_parallel_shard_degree",
-        lambda v, _r: v == -1 or v >= 1,
+        _auto_or_at_least_1,
         "-1 (all remaining ranks) or >= 1",
         "parallel.data_parallel_shard_degree=-1",
     ),
-    Range("parallel.tensor_parallel_degree", _degree, ">= 1", "parallel.tensor_parallel_degree=1"),
-    Range("parallel.pipeline_parallel_degree", _degree, ">= 1", "parallel.pipeline_parallel_degree=1"),
+    Range("parallel.tensor_parallel_degree", _at_least_1, ">= 1", "parallel.tensor_parallel_degree=1"),
+    Range("parallel.pipeline_parallel_degree", _at_least_1, ">= 1", "parallel.pipeline_parallel_degree=1"),
     Range(
         "parallel.pipeline_parallel_microbatch_size",
         _at_least_1,
         ">= 1",
         "parallel.pipeline_parallel_microbatch_size=1",
     ),
-    Range("parallel.context_parallel_degree", _degree, ">= 1", "parallel.context_parallel_degree=1"),
-    Range("parallel.expert_parallel_degree", _degree, ">= 1", "parallel.expert_parallel_degree=1"),
+    Range("parallel.context_parallel_degree", _at_least_1, ">= 1", "parallel.context_parallel_degree=1"),
+    Range("parallel.expert_parallel_degree", _at_least_1, ">= 1", "parallel.expert_parallel_degree=1"),
     Range("launcher.nnodes", _at_least_1, ">= 1", "launcher.nnodes=1"),
     Range(
         "launcher.nproc_per_node",
-        lambda v, _r: v == -1 or v >= 1,
+        _auto_or_at_least_1,
         "-1 (one per device) or >= 1",
         "launcher.nproc_per_node=-1",
     ),
