@@ -1,4 +1,5 @@
-"""After an HF export: reload it with ``AutoModelForCausalLM`` and compare logits.
+"""After an HF export: reload it with ``AutoModelForCausalLM`` and compare logits (and, for
+eval=on's samples, ``samples.py``, run its ``generate`` on the ranks' prompts).
 
 The rank saved the trained model's logits on a fixed probe batch (``export_probe.pt``). A fresh
 Python process (``python -m qwen3_trainium.export_check``) loads the exported directory with
@@ -76,5 +77,38 @@ def verify(run: RunConf, run_dir: str) -> tuple[bool, str]:
     )
 
 
+def generated_ids(directory: str, samples_path: str) -> list[list[int]]:
+    """Run in a fresh process: ``generate`` on the export, greedy, with the prompt ids, EOS ids
+    and token counts the ranks used (``samples.json``); the new ids of each prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with open(samples_path) as f:
+        record = json.load(f)
+    eos = record["eos_ids"] or None  # none: the export's own generation_config decides
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    out = []
+    for sample in record["samples"]:
+        ids = torch.tensor([sample["prompt_ids"]], dtype=torch.long)
+        steps = sample.get("max_new_tokens", record["tokens"])
+        if not sample["prompt_ids"] or not steps:  # as greedy: no sample
+            out.append([])
+            continue
+        with torch.no_grad():
+            seq = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=steps,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos[0] if eos else None,
+            )
+        out.append(seq[0, ids.shape[1] :].tolist())
+    return out
+
+
 if __name__ == "__main__":
-    print(max_logit_diff(sys.argv[1], sys.argv[2]))
+    if sys.argv[1] == "--generate":  # python -m qwen3_trainium.export_check --generate DIR SAMPLES_JSON
+        print(json.dumps(generated_ids(sys.argv[2], sys.argv[3])))
+    else:  # python -m qwen3_trainium.export_check DIR PROBE
+        print(max_logit_diff(sys.argv[1], sys.argv[2]))

@@ -6,6 +6,7 @@ One launch form for every path and device, the guide's:
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import subprocess
@@ -358,6 +359,13 @@ def _after_run(run: RunConf, job: Job, code: int, plotter: report.RunPlotter | N
         passed, line = export_check.verify(run, job.run_dir)
         print(f"[qwen3-trainium] {line}", flush=True)
         code = 0 if passed else 3
+    if code == 0 and run.eval.enable:
+        from qwen3_trainium import samples
+
+        passed, line = samples.after_run(run, job.run_dir)
+        if line:
+            print(f"[qwen3-trainium] {line}", flush=True)
+        code = 0 if passed else 3
     return ("ok" if code == 0 else "failed"), code
 
 
@@ -383,6 +391,7 @@ def _recorded_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
                 job_num=job.num,
                 overrides=list(job.overrides),
                 total_steps=OmegaConf.select(cfg, "training.steps", default=None),
+                objective=report.objective_key(_eval_enabled(cfg)),
                 status="running",
                 started_at=time.time(),
                 stop=None,  # a resumed run's earlier stop
@@ -393,15 +402,31 @@ def _recorded_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
         status, code = "interrupted", stop.exit_code(stopped.signum)
     finally:
         if lead:
-            report.update_job(job.run_dir, status=status, exit_code=code, wall_s=time.monotonic() - start)
+            wall_s = time.monotonic() - start
+            report.update_job(
+                job.run_dir, status=status, exit_code=code, wall_s=wall_s, **report.final_metrics(job.run_dir)
+            )
     return status, code
+
+
+def _eval_enabled(cfg: DictConfig) -> bool:
+    return bool(OmegaConf.select(cfg, "eval.enable", default=False))
+
+
+def objective(cfg: DictConfig, run_dir: str) -> float | None:
+    """The value a job returns to sweepers: its final held-out loss with eval=on, else its final
+    training loss (``job.json`` and the sweep summary's ``objective`` column say which); None
+    when the run logged none."""
+    value = report.final_loss(run_dir, report.objective_key(_eval_enabled(cfg)))
+    return None if math.isnan(value) else value
 
 
 def hydra_task(cfg: DictConfig) -> float | None:
     """The body of ``launch.py``'s ``@hydra.main``. A single run exits with the job's status; in a
     multirun a failed job (even one that raised) is recorded and the sweep goes on. Returns the
-    final loss, the objective of sweepers such as Optuna; None for a failed job, which Optuna
-    records as a failed trial (a NaN would make optuna 2.10 raise in ``study.tell``)."""
+    final held-out loss (eval=on) or training loss, the objective of sweepers such as Optuna;
+    None for a failed job, or one that logged no such loss, which Optuna records as a failed
+    trial (a NaN would make optuna 2.10 raise in ``study.tell``)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -411,10 +436,10 @@ def hydra_task(cfg: DictConfig) -> float | None:
         code = run_job(cfg, job)
         if code != 0:
             sys.exit(code)
-        return report.final_loss(job.run_dir)
+        return objective(cfg, job.run_dir)
     try:
         code = run_job(cfg, job)
     except Exception:
         traceback.print_exc()  # a bug, shown in full; recorded as failed and the sweep goes on
         code = 1
-    return report.final_loss(job.run_dir) if code == 0 else None
+    return objective(cfg, job.run_dir) if code == 0 else None

@@ -58,6 +58,18 @@ def make_corpus(num_docs: int = 4000, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(makers)(rng) for _ in range(rng.randint(1, 4))) for _ in range(num_docs)]
 
 
+VALIDATION_SEED = 1
+VALIDATION_CANDIDATES = 2000
+
+
+def make_validation(train_docs: list[str]) -> list[str]:
+    """The corpus's held-out slice (``validation.jsonl``): documents of the same kinds, drawn with
+    another seed, less every one that is also a training document, so that eval=on's
+    ``val_loss`` is measured on text the training stream never sees."""
+    seen = set(train_docs)
+    return [d for d in make_corpus(VALIDATION_CANDIDATES, seed=VALIDATION_SEED) if d not in seen]
+
+
 def train_tokenizer(docs: list[str], out_dir: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -176,13 +188,15 @@ def ensure_hf_moe_model() -> Path:
 def main() -> None:
     docs = make_corpus()
     CORPUS_DIR.mkdir(parents=True, exist_ok=True)
-    with open(CORPUS_DIR / "train.jsonl", "w") as f:
-        for doc in docs:
-            f.write(json.dumps({"text": doc}) + "\n")
+    held_out = make_validation(docs)
+    for name, records in (("train.jsonl", docs), ("validation.jsonl", held_out)):
+        with open(CORPUS_DIR / name, "w") as f:
+            for doc in records:
+                f.write(json.dumps({"text": doc}) + "\n")
     train_tokenizer(docs, TOKENIZER_DIR)
     make_hf_model()
     print(
-        f"wrote {len(docs)} documents to {CORPUS_DIR}, a tokenizer to {TOKENIZER_DIR}, a tiny HF Qwen3 to {HF_TINY_DIR}"
+        f"wrote {len(docs)} training and {len(held_out)} held-out documents to {CORPUS_DIR}, a tokenizer to {TOKENIZER_DIR}, a tiny HF Qwen3 to {HF_TINY_DIR}"
     )
 
 

@@ -23,6 +23,8 @@ from torchtitan.components.metrics import (
 )
 from torchtitan.tools.logging import logger
 
+VAL_PERPLEXITY = "validation_metrics/perplexity"
+
 # torchtitan metric key -> metrics.jsonl key
 JSONL_KEYS = {
     "loss_metrics/global_avg_loss": "loss",
@@ -39,6 +41,9 @@ JSONL_KEYS = {
     "memory/capacity(GiB)": "memory_capacity_gib",
     "memory/neuron_driver_total(GiB)": "neuron_driver_total_gib",
     "memory/neuron_driver_peak(GiB)": "neuron_driver_peak_gib",
+    # eval=on: torchtitan's Validator (log_validation), at the eval steps
+    "validation_metrics/loss": "val_loss",
+    VAL_PERPLEXITY: "val_perplexity",
 }
 WARN_FRACTION = 0.9
 NEURON_SYSFS = "/sys/devices/virtual/neuron_device"
@@ -173,6 +178,13 @@ class JsonlMetricsProcessor(MetricsProcessor):
                     f"device memory: a rank peaked at {peak:.2f} GiB, over 90% of its {capacity:.2f} GiB"
                 )
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
+
+    def log_validation(self, loss: float, step: int, extra_metrics=None):
+        """torchtitan's, plus the held-out perplexity: exp of the mean token loss (capped where
+        exp overflows a float)."""
+        extra = dict(extra_metrics or {})
+        extra[VAL_PERPLEXITY] = math.exp(min(float(loss), 700.0))
+        super().log_validation(loss=loss, step=step, extra_metrics=extra)
 
     def _build_metric_logger(self, *, config: Config, parallel_dims, pp_schedule: str, **kw):
         base = super()._build_metric_logger(

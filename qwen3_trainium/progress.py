@@ -47,6 +47,9 @@ def render(rows: list[dict[str, Any]], total_steps: int, elapsed_s: float) -> st
     parts = [f"step {last['step']}/{total_steps} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}]"]
     if isinstance(last.get("loss"), (int, float)):
         parts.append(f"loss {last['loss']:.4f}")
+    held_out = [r["val_loss"] for r in rows if isinstance(r.get("val_loss"), (int, float))]
+    if held_out:  # eval=on: the latest held-out loss, whichever step it was measured at
+        parts.append(f"val_loss {held_out[-1]:.4f}")
     if isinstance(last.get("tokens_per_second"), (int, float)):
         parts.append(f"{last['tokens_per_second']:.0f} tok/s")
     eta = eta_seconds(rows, total_steps)

@@ -26,6 +26,8 @@ COLUMNS = (
     "steps",
     "first_loss",
     "final_loss",
+    "final_val_loss",
+    "objective",
     "median_tokens_per_s",
     "peak_memory_gib",
     "wall_s",
@@ -52,8 +54,10 @@ def update_job(run_dir: str, **fields: Any) -> dict[str, Any]:
 
 
 def read_metrics(run_dir: str) -> list[dict[str, Any]]:
-    """Rows of ``metrics.jsonl``; a line still being written is skipped. A resumed run's file
-    holds the earlier attempt's rows too: a repeated step keeps its latest row."""
+    """Rows of ``metrics.jsonl``, one per step; a line still being written is skipped. A step's
+    rows are merged (eval=on logs ``val_loss`` in a row of its own after the step's training
+    row), later values winning: a resumed run's file holds the earlier attempt's rows too, and a
+    repeated step keeps its latest values."""
     by_step: dict[int, dict[str, Any]] = {}
     try:
         with open(os.path.join(run_dir, METRICS_NAME)) as f:
@@ -63,16 +67,31 @@ def read_metrics(run_dir: str) -> list[dict[str, Any]]:
                 except ValueError:
                     continue
                 if isinstance(row, dict) and isinstance(row.get("step"), int):
-                    by_step[row["step"]] = row
+                    by_step[row["step"]] = by_step.get(row["step"], {}) | row
     except OSError:
         return []
     return [by_step[step] for step in sorted(by_step)]
 
 
-def final_loss(run_dir: str) -> float:
-    """The last logged loss (the Optuna objective); NaN when the run logged none."""
-    losses = [r["loss"] for r in read_metrics(run_dir) if isinstance(r.get("loss"), (int, float))]
-    return float(losses[-1]) if losses else math.nan
+def final_loss(run_dir: str, key: str = "loss") -> float:
+    """The last logged ``key`` (``loss``, ``val_loss``); NaN when the run logged none."""
+    values = _number(read_metrics(run_dir), key)
+    return values[-1] if values else math.nan
+
+
+def objective_key(eval_enabled: bool) -> str:
+    """What a job returns to sweepers (Optuna's objective): held-out loss when eval is on."""
+    return "val_loss" if eval_enabled else "loss"
+
+
+def final_metrics(run_dir: str) -> dict[str, float | None]:
+    """The end of a run for ``job.json``: last training loss, held-out loss and perplexity."""
+    rows = read_metrics(run_dir)
+    out: dict[str, float | None] = {}
+    for key in ("loss", "val_loss", "val_perplexity"):
+        values = _number(rows, key)
+        out[f"final_{key}"] = values[-1] if values else None
+    return out
 
 
 def _number(rows: list[dict], key: str) -> list[float]:
@@ -85,6 +104,7 @@ def run_row(run_dir: str, job: int | str = "") -> dict[str, Any]:
     record = read_json(os.path.join(run_dir, JOB_NAME))
     rows = read_metrics(run_dir)
     losses = _number(rows, "loss")
+    val_losses = _number(rows, "val_loss")
     tps = _number(rows, "tokens_per_second")
     memory = _number(rows, "memory_max_all_ranks_gib") or _number(rows, "memory_max_active_gib")
     done = rows[-1]["step"] if rows else 0
@@ -95,6 +115,8 @@ def run_row(run_dir: str, job: int | str = "") -> dict[str, Any]:
         "steps": f"{done}/{record.get('total_steps', '?')}",
         "first_loss": round(losses[0], 4) if losses else "",
         "final_loss": round(losses[-1], 4) if losses else "",
+        "final_val_loss": round(val_losses[-1], 4) if val_losses else "",
+        "objective": record.get("objective", "loss"),
         "median_tokens_per_s": round(statistics.median(tps)) if tps else "",
         "peak_memory_gib": round(max(memory), 3) if memory else "",
         "wall_s": round(record["wall_s"], 1) if isinstance(record.get("wall_s"), (int, float)) else "",
@@ -179,19 +201,26 @@ class RunPlotter:
 
 
 def plot_losses(series: dict[str, list[dict[str, Any]]], path: str, title: str) -> bool:
-    """Loss against step, one line per label, into a PNG (headless). False when nothing to plot."""
-    curves = {label: [(r["step"], r["loss"]) for r in rows if "loss" in r] for label, rows in series.items()}
-    curves = {label: points for label, points in curves.items() if points}
-    if not curves:
+    """Loss against step, one line per label, into a PNG (headless); held-out loss (eval=on) as a
+    dashed line of the same colour. False when nothing to plot."""
+    curves = {label: _points(rows, "loss") for label, rows in series.items()}
+    held_out = {label: _points(rows, "val_loss") for label, rows in series.items()}
+    if not any(curves.values()) and not any(held_out.values()):
         return False
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    for label, points in curves.items():
-        steps, losses = zip(*points, strict=True)
-        ax.plot(steps, losses, marker="." if len(steps) < 50 else None, label=label)
+    for label in series:
+        color = None
+        if curves[label]:
+            steps, losses = zip(*curves[label], strict=True)
+            (line,) = ax.plot(steps, losses, marker="." if len(steps) < 50 else None, label=label)
+            color = line.get_color()
+        if held_out[label]:
+            steps, losses = zip(*held_out[label], strict=True)
+            ax.plot(steps, losses, linestyle="--", marker="o", color=color, label=f"{label} (val_loss)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(title)
@@ -203,6 +232,10 @@ def plot_losses(series: dict[str, list[dict[str, Any]]], path: str, title: str) 
     plt.close(fig)
     os.replace(partial, path)  # whoever sees loss.png sees all of it
     return True
+
+
+def _points(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    return [(r["step"], float(r[key])) for r in rows if isinstance(r.get(key), (int, float))]
 
 
 def plot_run(run_dir: str, label: str) -> bool:

@@ -201,6 +201,25 @@ class DataConf:
     # (checkpoint.initial_load_in_hf), else the shipped one (model=hf: always model.hf_model's).
     hf_assets_path: str = "auto"
     allow_other_tokenizer: bool = False  # train an HF checkpoint on a tokenizer that is not its own
+    # The held-out data eval=on scores (heldout.py): a directory or file of its own, else the
+    # corpus's own validation split (validation.jsonl, ...), else every record the fraction picks
+    # (which the training stream then skips). Unused with eval=off.
+    validation_path: str | None = None
+    validation_fraction: float = 0.05
+
+
+DEFAULT_SAMPLE_PROMPTS = ("The capital of France is", "Once upon a time")
+
+
+@dataclass
+class EvalConf:
+    """Held-out validation (torchtitan's ``Validator``) and greedy samples after training."""
+
+    enable: bool = False
+    freq: int = 100  # validate every this many steps, and after the last one
+    steps: int = 8  # batches per validation (never -1: ranks that disagree on -1 can hang)
+    sample_prompts: list[str] = field(default_factory=lambda: list(DEFAULT_SAMPLE_PROMPTS))
+    sample_tokens: int = 24  # greedy tokens per prompt at the end (0: no samples)
 
 
 @dataclass
@@ -284,6 +303,7 @@ class RunConf:
     tracking: TrackingConf = field(default_factory=TrackingConf)
     debug: DebugConf = field(default_factory=DebugConf)
     compile: CompileConf = field(default_factory=CompileConf)
+    eval: EvalConf = field(default_factory=EvalConf)
     override: OverrideConf = field(default_factory=OverrideConf)
     dry_run: bool = False
     doctor: bool = False  # report this machine's readiness (devices, tools, versions) and exit

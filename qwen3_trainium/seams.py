@@ -88,6 +88,13 @@ SEAMS: tuple[Seam, ...] = (
     # Data.
     Seam("torchtitan.hf_datasets.text_datasets:HuggingFaceTextDataLoader.Config", "data.*", fields=("dataset", "dataset_path")),
     Seam("torchtitan.hf_datasets.text_datasets:DATASETS", "pre-flight checks data.dataset against the registry"),
+    Seam("torchtitan.hf_datasets:DatasetConfig", "eval=on's held-out loaders (heldout.py)", fields=("path", "loader", "sample_processor")),
+    # eval=on: torchtitan's Validator, when it runs, and how it logs.
+    Seam("torchtitan.trainer:Trainer.Config", "eval=on (titan._eval)", fields=("validator",)),
+    Seam("torchtitan.components.validate:Validator.Config", "eval.*", fields=("enable", "freq", "steps", "dataloader")),
+    Seam("torchtitan.components.validate:BaseValidator.should_validate", "eval.freq and the last step (validator.py)"),
+    Seam("torchtitan.components.metrics:MetricsProcessor.log_validation", "val_loss, val_perplexity (metrics.py)"),
+    Seam("torchtitan.trainer:Trainer.train", "samples after the last step (trainer.py)"),
     # Checkpoints: HF load and save fields, and the two hooks of the complete HF export.
     Seam("torchtitan.components.checkpoint:CheckpointManager.Config", "checkpoint.*",
          fields=_names(CheckpointConf, drop=OUR_CHECKPOINT_FIELDS)),

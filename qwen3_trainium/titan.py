@@ -194,20 +194,55 @@ def _model_parts(run: RunConf) -> tuple[type, dict]:
     return config_cls, parts
 
 
+def _eval(run: RunConf, run_dir: str) -> tuple[dict, dict]:
+    """(the training dataloader's dataset fields, the eval fields: validator and samples).
+    eval=on reads held-out records (``heldout.py``) the training stream then never sees."""
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
+    from qwen3_trainium import samples
+    from qwen3_trainium.validator import HeldOutValidator
+
+    if not run.eval.enable:
+        return {"dataset": run.data.dataset, "dataset_path": run.data.dataset_path}, {}
+    from qwen3_trainium import heldout
+
+    src = heldout.register(run)
+    validator = HeldOutValidator.Config(
+        enable=True,
+        freq=run.eval.freq,
+        steps=run.eval.steps,
+        last_step=run.training.steps,
+        dataloader=HuggingFaceTextDataLoader.Config(
+            dataset=src.val_dataset, dataset_path=src.val_path, infinite=False
+        ),
+    )
+    sample_config = samples.SampleConfig(
+        prompts=list(run.eval.sample_prompts) if run.eval.sample_tokens > 0 else [],
+        tokens=run.eval.sample_tokens,
+        path=os.path.join(run_dir, samples.SAMPLES_JSON),
+        tokenizer_dir=run.data.hf_assets_path,
+    )
+    return (
+        {"dataset": src.train_dataset, "dataset_path": src.train_path},
+        {"validator": validator, "samples": sample_config},
+    )
+
+
 def to_trainer_config(run: RunConf, run_dir: str):
-    """The torchtitan ``Trainer.Config`` for a resolved run config. Pure."""
+    """The torchtitan ``Trainer.Config`` for a resolved run config. Pure (with eval=on it also
+    registers the held-out loaders in torchtitan's dataset registry, the same every time)."""
     from torchtitan.components.optimizer import LRSchedulersContainer
     from torchtitan.config import CompileConfig, DebugConfig, OverrideConfig, ParallelismConfig
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
     config_cls, model_parts = _model_parts(run)
+    dataset, evaluation = _eval(run, run_dir)
     return config_cls(
         **model_parts,
+        **evaluation,
         hf_assets_path=run.data.hf_assets_path,
         dump_folder=run_dir,
-        dataloader=HuggingFaceTextDataLoader.Config(
-            dataset=run.data.dataset, dataset_path=run.data.dataset_path
-        ),
+        dataloader=HuggingFaceTextDataLoader.Config(**dataset),
         optimizer=_optimizer(run),
         lr_scheduler=LRSchedulersContainer.Config(**fields(run.lr_scheduler)),
         training=_training(run),

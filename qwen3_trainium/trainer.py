@@ -1,4 +1,5 @@
-"""torchtitan's trainers, stopping at a step boundary when any rank is asked to (SIGTERM).
+"""torchtitan's trainers, stopping at a step boundary when any rank is asked to (SIGTERM), and
+writing greedy samples of the trained model after the last step (eval=on, ``samples.py``).
 
 ``Trainer.train`` evaluates ``self.should_continue_training()`` before every step, on every
 rank, after the previous step's ``checkpointer.save`` (``torchtitan/trainer.py``:
@@ -14,6 +15,10 @@ Cost: one all-reduce of one int per step, over gloo with a CPU tensor (the defau
 CPU; elsewhere a gloo group of its own, as torchtitan's async checkpointer makes one, so the
 accelerator's stream is not synchronised).
 
+Samples: ``SampleAfterTraining.train`` runs torchtitan's ``train`` (which ends after the last
+step's save and validation, on every rank) and then the decode, on every rank, since each forward
+of an FSDP or TP model is a collective. A run a signal stopped writes none.
+
 Subclassing ``Trainer`` with a nested ``Config`` is torchtitan's own pattern
 (``torchtitan/models/flux/trainer.py``, ``experiments/transformers_modeling_backend/trainer.py``);
 ``Configurable.__init_subclass__`` makes ``Config.build()`` construct the subclass.
@@ -23,13 +28,14 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
-from qwen3_trainium import stop
+from qwen3_trainium import samples, stop
+from qwen3_trainium.samples import SampleConfig
 from qwen3_trainium.titan import RUN_DIR_ENV
 
 
@@ -89,11 +95,42 @@ class StopAtSignal:
             )
 
 
+class SampleAfterTraining:
+    """Mixin for a torchtitan ``Trainer`` (after ``StopAtSignal``): greedy samples after the last
+    step, when ``config.samples`` has prompts."""
+
+    def train(self):
+        super().train()
+        config = self.config.samples
+        if not config.prompts or config.tokens <= 0 or self.stopped_at is not None:
+            return
+        if len(self.model_parts) != 1:  # pre-flight refuses this; a stage has no whole model
+            logger.warning("samples: skipped, the model is split into pipeline stages")
+            return
+        # the gloo group the stop flags use (made now when no step boundary made it)
+        group = self._stop_group if self._first_step is not None else agreement_group()
+        record = samples.sample_on_ranks(
+            self.model_parts[0],
+            config,
+            group,
+            max_len=self.config.training.seq_len,
+            step=self.step,
+            mixed_precision_param=self.config.training.mixed_precision_param,
+        )
+        for sample in samples.cut_short(record):
+            logger.warning(
+                f"samples: {sample['prompt']!r} cut at {sample['max_new_tokens']} tokens: prompt and tokens,"
+                f" padded to a multiple of 256, must fit training.seq_len={self.config.training.seq_len}"
+            )
+        logger.info(f"samples: {len(record['samples'])} prompts, up to {config.tokens} tokens: {config.path}")
+
+
 @functools.cache
 def trainer_class(hf: bool) -> type:
-    """torchtitan's trainer with ``StopAtSignal``: ``Trainer``, or for model=hf the transformers
-    backend's ``HFTransformerTrainer`` (with its ``TransformersBackendConfig``). Built on first use,
-    so that importing this module costs neither torchtitan's trainer nor Transformers."""
+    """torchtitan's trainer with ``SampleAfterTraining`` and ``StopAtSignal``: ``Trainer``, or for
+    model=hf the transformers backend's ``HFTransformerTrainer`` (with its
+    ``TransformersBackendConfig``). Built on first use, so that importing this module costs
+    neither torchtitan's trainer nor Transformers."""
     if hf:
         from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
         from torchtitan.experiments.transformers_modeling_backend.trainer import HFTransformerTrainer
@@ -104,9 +141,10 @@ def trainer_class(hf: bool) -> type:
 
         base, base_config = Trainer, Trainer.Config
 
-    class StopAtSignalTrainer(StopAtSignal, base):
+    class StopAtSignalTrainer(SampleAfterTraining, StopAtSignal, base):
         @dataclass(kw_only=True, slots=True)
         class Config(base_config):
-            pass
+            samples: SampleConfig = field(default_factory=SampleConfig)
+            """Greedy samples after the last step (``samples.py``); no prompts: none."""
 
     return StopAtSignalTrainer

@@ -118,6 +118,11 @@ OUT_OF_RANGE = {
     "tracking.log_freq": ["0"],
     "debug.seed": ["-1"],
     "model.moe_block_size": ["0"],
+    "eval.freq": ["0"],
+    "eval.steps": ["0", "-3"],
+    "eval.sample_tokens": ["-1"],
+    "eval.sample_prompts": ["['']"],
+    "data.validation_fraction": ["0", "0.9"],
 }
 
 
@@ -130,6 +135,10 @@ def explicit_cases(data: dict[str, Path]) -> list[Case]:
         Case("range", ("checkpoint.hf_max_shard_size=0",), "checkpoint.hf_max_shard_size"),
         Case("range", ("model=nki_moe", "model.moe_block_size=100"), "model.moe_block_size"),
         Case("range", ("model=nki_moe", "training.seq_len=200"), "training.seq_len"),  # rope_hf: 128 x LNC
+        Case("range", ("eval=on", "parallel=cpu2", "eval.steps=-1"), "eval.steps"),  # -1 hangs ranks that disagree
+        Case("range", ("eval=on", "eval.sample_tokens=300"), "eval.sample_tokens"),  # past seq_len
+        Case("range", ("eval=on", "parallel.pipeline_parallel_degree=2", "launcher.nproc_per_node=2"), "eval.sample_tokens"),
+        Case("range", ("checkpoint=hf_export", "training.seq_len=128"), "training.seq_len"),  # the 256-token probe
         # empty
         Case("empty", ("data.dataset_path=",), "data.dataset_path"),
         Case("empty", ("data.dataset=",), "data.dataset"),
@@ -145,6 +154,7 @@ def explicit_cases(data: dict[str, Path]) -> list[Case]:
         Case("empty", ("compile=on", "compile.components=[]"), "compile.components"),
         Case("empty", ("model=hf", "model.hf_model="), "model.hf_model"),
         Case("empty", ("data=local",), "data.dataset_path"),  # required, never set
+        Case("empty", ("eval=on", "data.validation_path="), "data.validation_path"),
         # a path that does not exist
         Case("path", ("data=local", "data.dataset_path=/nonexistent/corpus"), "data.dataset_path"),
         Case("path", ("data.hf_assets_path=/nonexistent/tokenizer",), "data.hf_assets_path"),
@@ -153,6 +163,8 @@ def explicit_cases(data: dict[str, Path]) -> list[Case]:
         Case("path", ("checkpoint=hf_finetune", f"checkpoint.initial_load_path={data['empty']}"), "checkpoint.initial_load_path"),
         Case("path", ("override.imports=[no_such_package.factory]",), "override.imports"),
         Case("path", ("override.imports=[nodots]",), "override.imports"),
+        Case("path", ("eval=on", "data.validation_path=/nonexistent/heldout"), "data.validation_path"),
+        Case("path", ("eval=on", f"data.validation_path={data['no_data']}"), "data.validation_path"),
         # a choice that does not exist
         Case("choice", ("model.flavor=nope",), "model.flavor", deep=True),
         Case("choice", ("data.dataset=nope",), "data.dataset", deep=True),
@@ -195,6 +207,9 @@ def explicit_cases(data: dict[str, Path]) -> list[Case]:
         Case("data", ("data=local", f"data.dataset_path={data['not_json']}"), "data.dataset_path"),
         Case("data", ("data=local", f"data.dataset_path={data['file']}/train.jsonl"), "data.dataset_path"),
         Case("data", (f"data.hf_assets_path={data['no_tokenizer']}",), "data.hf_assets_path"),
+        # eval=on: held-out records that cannot hold one validation (1 record: none held out)
+        Case("data", ("eval=on", "data=local", f"data.dataset_path={data['file']}"), "data.dataset_path", deep=True),
+        Case("data", ("eval=on", f"data.validation_path={data['file']}", "eval.steps=4"), "data.validation_path", deep=True),
     ]  # fmt: skip
     return cases
 

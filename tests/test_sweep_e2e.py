@@ -184,7 +184,10 @@ def test_optuna_records_failed_trials_and_searches_on(tmp_path):
     assert all("training.steps=0" in r["overrides"] for r in failed)
     assert proc.returncode == 1 and f"{len(failed)} of 3 jobs failed" in proc.stderr
     result = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
-    assert result["best_value"] == pytest.approx(min(float(r["final_loss"]) for r in ok), abs=1e-4)
+    # lr_search turns eval on: Optuna got each trial's held-out loss, and the summary says so
+    assert all(r["objective"] == "val_loss" and "eval=on" in r["overrides"] for r in rows)
+    assert result["best_value"] == pytest.approx(min(float(r["final_val_loss"]) for r in ok), abs=1e-4)
+    assert "| objective |" in (sweep_dir / "summary.md").read_text()
     lrs = [float(r["overrides"].split("optimizer.lr=")[1].split()[0]) for r in rows]
     assert len(set(lrs)) == 3 and all(1e-4 <= lr <= 1e-2 for lr in lrs)  # lr_search's log-uniform range
 

@@ -22,9 +22,13 @@ from qwen3_trainium.preflight.data import (
     check_corpus,
     check_data,
     check_dataset_name,
+    check_heldout,
     check_hub_dataset,
+    check_probe_length,
+    check_samples,
     check_tokenizer_fits,
     check_tokenizer_matches,
+    check_validation_path,
     needs_hub,
 )
 from qwen3_trainium.preflight.keys import unknown_keys
@@ -87,6 +91,9 @@ def check_static(run: RunConf, run_dir: str, *, launching: bool) -> list[Problem
         + check_nodes(run, launching=launching)
         + check_data(run)
         + check_corpus(run)
+        + check_validation_path(run)
+        + check_samples(run)
+        + check_probe_length(run)
         + check_checkpoint_paths(run)
         + check_resume_kind(run, run_dir)
         + check_shard_size(run)
@@ -115,11 +122,16 @@ def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | Non
         + check_dataset_name(run)
         + check_tokenizer_fits(run)
         + check_tokenizer_matches(run, notes)
+        + check_validation_path(run)
+        + check_samples(run)
+        + check_probe_length(run)
     )
     if launching:
         problems += check_device_present(run)
         if needs_hub(run) and not problems:
             problems += check_hub_dataset(run)
+    if not problems:
+        problems += check_heldout(run, notes)
     problems += check_checkpoint_paths(run) + check_resume_kind(run, run_dir) + check_shard_size(run)
     problems += version_problems
     notes.append("versions:\n" + table)

@@ -68,6 +68,7 @@ def key(run: RunConf, run_dir: str, *, launching: bool, versions: dict[str, str 
             for p in (
                 run.data.hf_assets_path,
                 run.data.dataset_path,
+                run.data.validation_path,
                 ck.initial_load_path,
                 run.model.hf_model,
             )

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qwen3_trainium import devices
+from qwen3_trainium import devices, runconfig
 from qwen3_trainium.preflight.problem import Problem
 from qwen3_trainium.schema import RunConf
 
@@ -154,6 +154,27 @@ RANGES: tuple[Range, ...] = (
         "debug.seed=42",
     ),
     Range("model.moe_block_size", _at_least_1, ">= 1", "model.moe_block_size=256"),
+    Range("eval.freq", _at_least_1, ">= 1 (steps between validations)", "eval.freq=100"),
+    Range(
+        "eval.steps",
+        # torchtitan's Validator.Config: "-1 ... there could be hangs due to mismatch among ranks"
+        lambda v, r: v >= 1 or (v == -1 and runconfig.degrees(r).world == 1),
+        ">= 1 batches (-1, the whole split, only with one rank: ranks that disagree on when it ends hang)",
+        "eval.steps=8",
+    ),
+    Range("eval.sample_tokens", _nonneg, ">= 0 (0: no samples)", "eval.sample_tokens=24"),
+    Range(
+        "eval.sample_prompts",
+        lambda v, _r: all(str(p).strip() for p in v),
+        "prompts with text (an empty one has nothing to continue)",
+        "eval.sample_prompts='[The capital of France is]'",
+    ),
+    Range(
+        "data.validation_fraction",
+        lambda v, _r: _finite(v) and 0 < v <= 0.5,
+        "in (0, 0.5] (the share of records held out for eval=on)",
+        "data.validation_fraction=0.05",
+    ),
 )
 
 
@@ -161,6 +182,11 @@ RANGES: tuple[Range, ...] = (
 NOT_EMPTY: tuple[tuple[str, Callable[[RunConf], bool], str], ...] = (
     ("data.dataset", lambda r: True, "data.dataset=c4_test"),
     ("data.dataset_path", lambda r: True, "data.dataset_path=<a directory>, or null for a Hub dataset"),
+    (
+        "data.validation_path",
+        lambda r: r.eval.enable,
+        "data.validation_path=null (the corpus's validation split, or data.validation_fraction of it)",
+    ),
     ("checkpoint.folder", lambda r: r.checkpoint.enable, "checkpoint.folder=checkpoint"),
     ("checkpoint.hf_max_shard_size", lambda r: True, "checkpoint.hf_max_shard_size=5GB"),
     ("tracking.project", lambda r: r.tracking.wandb, "tracking.project=qwen3-trainium"),
