@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 
-from qwen3_trainium.checkpoint import PROBE_NAME
 from qwen3_trainium.preflight.checkpoint import latest_step
 from qwen3_trainium.schema import ParamDtype, RunConf
 
@@ -49,6 +48,8 @@ def max_logit_diff(directory: str, probe_path: str) -> float:
 
 def verify(run: RunConf, run_dir: str) -> tuple[bool, str]:
     """(passed, one line for the terminal); also writes ``export_check.json``."""
+    from qwen3_trainium.checkpoint import PROBE_NAME  # torch and torchtitan: only with an export
+
     directory, probe_path = export_dir(run, run_dir), os.path.join(run_dir, PROBE_NAME)
     if directory is None or not os.path.isfile(probe_path):
         return False, f"export check: no HF export or probe under {run_dir}"

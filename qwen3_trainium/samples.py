@@ -204,8 +204,6 @@ def exact(run) -> bool:
 
 def after_run(run, run_dir: str) -> tuple[bool, str]:
     """Launcher side, after the run (and the export check): (passed, one line for the terminal)."""
-    from qwen3_trainium import export_check
-
     path = os.path.join(run_dir, SAMPLES_JSON)
     if not os.path.isfile(path):
         if run.eval.sample_tokens == 0 or not run.eval.sample_prompts:
@@ -214,7 +212,11 @@ def after_run(run, run_dir: str) -> tuple[bool, str]:
     record, md = _read_json(path), os.path.join(run_dir, SAMPLES_MD)
     cut = cut_short(record)
     note = f" ({len(cut)} cut short by training.seq_len={record['max_len']})" if cut else ""
-    directory = export_check.export_dir(run, run_dir) if run.checkpoint.last_save_in_hf else None
+    exported = run.checkpoint.enable and run.checkpoint.last_save_in_hf
+    if exported:
+        from qwen3_trainium import export_check  # no torch: the launcher stays light
+
+    directory = export_check.export_dir(run, run_dir) if exported else None
     if directory is None:
         return True, f"samples{note}: {md}"
     proc = subprocess.run(

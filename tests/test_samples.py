@@ -170,6 +170,7 @@ RUN = [
     "smoke=on",
     "eval=on",
     "eval.steps=1",
+    "eval.sample_tokens=24",  # smoke=on's is 8
     "checkpoint=hf_export",
     "parallel=cpu2",
     "training.mixed_precision_param=float32",
