@@ -212,7 +212,7 @@ def _random_texts(seed: int, count: int) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(40)) for _ in range(count)]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_val_loss_comes_from_the_held_out_records(tmp_path):
     """A model that memorised its few training documents: on copies of them val_loss is close to
     the training loss; on documents it never saw (same words, other order) it is far above."""
