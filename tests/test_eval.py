@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, resolve
+from conftest import resolve, run_launch
 
 from qwen3_trainium import heldout, make_assets, preflight, progress, report, titan
 from qwen3_trainium.preflight.data import check_heldout, validation_tokens_needed
@@ -178,26 +176,14 @@ def test_metrics_rows_of_a_step_merge_and_the_summary_reads_val_loss(tmp_path):
     assert report.plot_run(str(run_dir), "r") and (run_dir / "loss.png").stat().st_size > 0
 
 
-def _launch(*overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), *overrides],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-
 def _memorized_run(tmp_path: Path, name: str, validation: list[str], train: list[str]) -> dict:
     corpus = tmp_path / name / "corpus"
     _jsonl(corpus / "train.jsonl", train)
     _jsonl(corpus / "validation.jsonl", validation)
     run_dir = tmp_path / name / "run"
-    proc = _launch(
+    proc = run_launch(
         "model=native", "smoke=on", "eval=on", "tracking=off", "data=local", f"data.dataset_path={corpus}",
-        "training.steps=60", "optimizer.lr=3e-3", "eval.sample_tokens=0", "eval.steps=1", f"hydra.run.dir={run_dir}",
+        "training.steps=60", "optimizer.lr=3e-3", "eval.sample_tokens=0", "eval.steps=1", f"hydra.run.dir={run_dir}", timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((run_dir / "job.json").read_text())
@@ -229,7 +215,9 @@ def test_val_loss_comes_from_the_held_out_records(tmp_path):
 @pytest.mark.slow
 def test_smoke_with_eval_logs_val_loss_once_at_the_end(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _launch("model=native", "smoke=on", "eval=on", "tracking=off", f"hydra.run.dir={run_dir}")
+    proc = run_launch(
+        "model=native", "smoke=on", "eval=on", "tracking=off", f"hydra.run.dir={run_dir}", timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in rows if "val_loss" in r]
