@@ -29,12 +29,30 @@ class NeuronInstance:
     hbm_per_physical_core: int  # bytes
     runtime_reserved_per_physical_core: int  # bytes the Neuron runtime keeps (micro-code)
     peak_bf16_flops_per_physical_core: float
+    peak_fp32_flops_per_physical_core: float
+    hbm_bytes_per_second_per_physical_core: float
 
     def memory_per_rank(self, lnc: int) -> int:
         return (self.hbm_per_physical_core - self.runtime_reserved_per_physical_core) * lnc
 
     def peak_flops_per_rank(self, lnc: int) -> float:
         return self.peak_bf16_flops_per_physical_core * lnc
+
+    def roofline_per_rank(self, lnc: int) -> Roofline:
+        return Roofline(
+            self.peak_bf16_flops_per_physical_core * lnc,
+            self.peak_fp32_flops_per_physical_core * lnc,
+            self.hbm_bytes_per_second_per_physical_core * lnc,
+        )
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """What one rank can do at best: the roofline's two ceilings (``roofline.py``)."""
+
+    bf16_flops: float  # per second, also float16
+    fp32_flops: float
+    bytes_per_second: float  # device memory bandwidth
 
 
 # trn2.48xlarge (AWS: Trainium2 architecture and trn2 instance pages, Neuron docs):
@@ -43,11 +61,12 @@ class NeuronInstance:
 #   runtime overhead" at LNC=2 (Neuron "Best practices for training");
 # - the runtime's "micro-code overhead of 96MB per physical Neuron Core" (Neuron runtime docs),
 #   subtracted from what a rank may use;
-# - 79 dense BF16 TFLOPS per NeuronCore-v3 (667 per chip), so 158 per rank at LNC=2, 79 at LNC=1.
-NEURON_INSTANCES = {
-    "trn2.48xlarge": NeuronInstance(128, 12 * GiB, 96 * MB, 79e12),
-    "trn2u.48xlarge": NeuronInstance(128, 12 * GiB, 96 * MB, 79e12),
-}
+# - 79 dense BF16 TFLOPS per NeuronCore-v3 (667 per chip), so 158 per rank at LNC=2, 79 at LNC=1;
+#   181 FP32 TFLOPS per chip (Neuron docs, "Trainium2 Architecture": chip components);
+# - 2.9 TB/s of HBM bandwidth per chip, 4 HBM stacks (Neuron docs, "Trainium2 Architecture Guide
+#   for NKI"), shared by its 8 physical cores.
+TRN2 = NeuronInstance(128, 12 * GiB, 96 * MB, 79e12, 181e12 / 8, 2.9e12 / 8)
+NEURON_INSTANCES = {"trn2.48xlarge": TRN2, "trn2u.48xlarge": TRN2}
 
 
 @dataclass(frozen=True)

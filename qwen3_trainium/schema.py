@@ -62,6 +62,11 @@ class CompileComponent(Enum):
     loss = "loss"
 
 
+class MemoryMode(Enum):
+    estimate = "estimate"  # by hand from the model's shape: milliseconds (memory.py)
+    trace = "trace"  # two steps traced under FakeTensorMode on a fake world: seconds (memtrace.py)
+
+
 class ACMode(Enum):
     none = "none"
     selective = "selective"
@@ -274,6 +279,14 @@ class CompileConf:
 
 
 @dataclass
+class MemoryConf:
+    """How pre-flight sizes a rank's device memory before launch (and the step time, with trace)."""
+
+    mode: MemoryMode = MemoryMode.estimate
+    timeout: int = 600  # seconds the trace may take before pre-flight gives up on it
+
+
+@dataclass
 class OverrideConf:
     """torchtitan ``OverrideConfig``: extra ``@override`` factories (``module.function``)."""
 
@@ -304,6 +317,7 @@ class RunConf:
     debug: DebugConf = field(default_factory=DebugConf)
     compile: CompileConf = field(default_factory=CompileConf)
     eval: EvalConf = field(default_factory=EvalConf)
+    memory: MemoryConf = field(default_factory=MemoryConf)
     override: OverrideConf = field(default_factory=OverrideConf)
     dry_run: bool = False
     doctor: bool = False  # report this machine's readiness (devices, tools, versions) and exit

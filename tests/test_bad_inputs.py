@@ -123,6 +123,7 @@ OUT_OF_RANGE = {
     "eval.sample_tokens": ["-1"],
     "eval.sample_prompts": ["['']"],
     "data.validation_fraction": ["0", "0.9"],
+    "memory.timeout": ["0"],
 }
 
 

@@ -53,7 +53,7 @@ from qwen3_trainium.preflight.stack import (
     trainium_notes,
     versions,
 )
-from qwen3_trainium.preflight.system import check_degrees, check_memory
+from qwen3_trainium.preflight.system import check_degrees, check_memory, check_trace
 from qwen3_trainium.schema import RunConf
 
 __all__ = [
@@ -141,16 +141,18 @@ def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | Non
         titan_problems, trial = check_titan(run, run_dir)
         problems += titan_problems
         if trial is not None:
-            problems += _check_shape(run, trial, notes)
+            problems += _check_shape(run, trial, notes, run_dir)
             problems += check_checkpoint_contents(run, run_dir, trial, notes)
     return problems
 
 
-def _check_shape(run: RunConf, trial, notes: list[str]) -> list[Problem]:
-    """Degrees and memory against the model as torchtitan will build it (on the meta device)."""
+def _check_shape(run: RunConf, trial, notes: list[str], run_dir: str) -> list[Problem]:
+    """Degrees and memory against the model as torchtitan will build it (on the meta device);
+    with memory=trace, the traced peak decides instead of the estimate."""
     import torch
 
     from qwen3_trainium import memory
+    from qwen3_trainium.schema import MemoryMode
 
     with torch.device("meta"):
         model = trial.model_spec.model.build()
@@ -161,6 +163,8 @@ def _check_shape(run: RunConf, trial, notes: list[str]) -> list[Problem]:
     notes.append(
         f"device memory per rank (estimate, {shape.params / 1e6:,.1f}M parameters):\n" + estimate.table()
     )
+    if run.memory.mode is MemoryMode.trace and not problems:
+        return check_trace(run, run_dir, estimate.capacity, notes, shape.num_experts)
     if estimate.capacity and not memory_problems and estimate.total > 0.9 * estimate.capacity:
         notes.append(
             f"WARNING the memory estimate is {100 * estimate.total / estimate.capacity:.0f}% of a rank's device memory"

@@ -170,6 +170,12 @@ RANGES: tuple[Range, ...] = (
         "eval.sample_prompts='[The capital of France is]'",
     ),
     Range(
+        "memory.timeout",
+        _at_least_1,
+        ">= 1 seconds (the trace of 8B at 64 ranks takes about 35)",
+        "memory.timeout=600",
+    ),
+    Range(
         "data.validation_fraction",
         lambda v, _r: _finite(v) and 0 < v <= 0.5,
         "in (0, 0.5] (the share of records held out for eval=on)",

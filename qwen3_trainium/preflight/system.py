@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 from qwen3_trainium import devices, memory, runconfig
 from qwen3_trainium.preflight.problem import Problem
@@ -104,3 +108,80 @@ def check_memory(run: RunConf, shape: memory.ModelShape) -> tuple[list[Problem],
         fix = "more sharding (parallel.*), activation_checkpoint.mode=selective|full, a smaller training.local_batch_size or seq_len"
         return [Problem("memory", f"{est.total / memory.GiB:.1f} GiB", message, fix)], est
     return [], est
+
+
+TRACE_CONFIG = "memtrace.yaml"
+TRACE_FIX = "memory=estimate (the analytic estimate), or a smaller training.local_batch_size or seq_len"
+
+
+def run_trace(run: RunConf, run_dir: str) -> tuple[dict | None, str]:
+    """(the trace, "") from a helper process (``memtrace.py``), or (None, why it failed)."""
+    os.makedirs(run_dir, exist_ok=True)
+    path = runconfig.save(run, run_dir, TRACE_CONFIG)
+    command = [sys.executable, "-m", "qwen3_trainium.memtrace", run_dir, path]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # fake tensors compute nothing
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=run.memory.timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return None, f"the trace took longer than memory.timeout={run.memory.timeout} s"
+    finally:
+        os.remove(path)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:] or ["no output"]
+        return None, f"the trace failed (exit {done.returncode}): {last[0].strip()}"
+    return json.loads(lines[-1]), ""
+
+
+def check_trace(
+    run: RunConf, run_dir: str, capacity: int | None, notes: list[str], experts: int = 0
+) -> list[Problem]:
+    """memory=trace: the traced peak per rank against the rank's memory (over: refused; above
+    90%: a warning), with its breakdown, the HF load's peak and, on Neuron, the step time."""
+    from qwen3_trainium.memtrace import Trace
+
+    if run.parallel.pipeline_parallel_degree > 1:
+        return [Problem("memory", "trace", "pipeline parallel runs are not traced", "memory=estimate")]
+    if experts:  # token_dispatcher's all-to-all splits, kernels/moe.py's bincount
+        why = "MoE layers are not traced: their routing sizes tensors from token counts, which fake tensors do not have"
+        return [Problem("memory", "trace", why, "memory=estimate")]
+    data, why = run_trace(run, run_dir)
+    if data is None:
+        return [Problem("memory", "trace", why, TRACE_FIX)]
+    trace = Trace(**data)
+    notes.append(trace_table(trace, capacity))
+    if trace.step_seconds:
+        notes.append(step_line(trace))
+    if capacity and trace.total > capacity:
+        message = f"traced {trace.total / memory.GiB:.2f} GiB per rank, over the {capacity / memory.GiB:.2f} GiB a rank has"
+        fix = "more sharding (parallel.*), activation_checkpoint.mode=selective|full, a smaller training.local_batch_size or seq_len"
+        return [Problem("memory", f"{trace.total / memory.GiB:.2f} GiB", message, fix)]
+    if capacity and trace.total > 0.9 * capacity:
+        notes.append(
+            f"WARNING the traced peak is {100 * trace.total / capacity:.0f}% of a rank's device memory"
+        )
+    return []
+
+
+def trace_table(trace, capacity: int | None) -> str:
+    def rows(parts: dict[str, int]) -> list[str]:
+        return [f"  {name:28s} {value / memory.GiB:8.3f} GiB" for name, value in parts.items()]
+
+    lines = [
+        f"device memory per rank (traced: 2 steps as rank 0 of {trace.world}, {trace.trace_seconds:.0f} s):"
+    ]
+    lines += rows(trace.parts) + [f"  {'step peak':28s} {trace.peak / memory.GiB:8.3f} GiB"]
+    if trace.load_parts:
+        lines += ["  initial_load_in_hf:"] + rows(trace.load_parts)
+        lines.append(f"  {'load peak':28s} {trace.load_peak / memory.GiB:8.3f} GiB")
+    if capacity:
+        share = f"{100 * trace.total / capacity:.0f}%"
+        lines.append(f"  {'device memory per rank':28s} {capacity / memory.GiB:8.3f} GiB (peak {share})")
+    return "\n".join(lines)
+
+
+def step_line(trace) -> str:
+    return (
+        f"step time (roofline, communication not modelled): {trace.step_seconds:.3f} s, "
+        f"{trace.tokens_per_second:,.0f} tokens/s per rank, MFU {100 * trace.mfu:.1f}%"
+    )
