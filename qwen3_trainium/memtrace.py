@@ -267,6 +267,38 @@ def _untracked_sharding_propagation(tracker):
         ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
+@contextlib.contextmanager
+def _balanced_routing():
+    """Expert parallel without token counts: torchtitan's all-to-all dispatcher sizes its
+    exchange from the counts each rank routes (``_sync_token_count_exchange``: ``tolist()``),
+    which fake tensors do not have. Here every rank sends an equal share of its ``T x K`` routed
+    tokens to each expert-parallel peer and receives as much: balanced routing, the load
+    torchtitan's balancing aims at."""
+    from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
+
+    dispatch, exchange = AllToAllTokenDispatcher.dispatch, AllToAllTokenDispatcher._sync_token_count_exchange
+    routed = [0]
+
+    def counted_dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, *args, **kwargs):
+        routed[0] = topk_expert_ids_TK.numel()
+        return dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, *args, **kwargs)
+
+    def balanced(self, num_local_tokens_per_expert_E, num_global_EP_e, ep_size):
+        share = [routed[0] // ep_size] * ep_size
+        share[-1] += routed[0] - sum(share)
+        return num_global_EP_e.reshape(-1), share, list(share)
+
+    AllToAllTokenDispatcher.dispatch = counted_dispatch
+    AllToAllTokenDispatcher._sync_token_count_exchange = balanced
+    try:
+        yield
+    finally:
+        AllToAllTokenDispatcher.dispatch, AllToAllTokenDispatcher._sync_token_count_exchange = (
+            dispatch,
+            exchange,
+        )
+
+
 def _tracker():
     """torch's ``MemTracker``, told that a module called again outside every other module, in
     the same step, is a recompute: torchtitan's chunked loss calls ``lm_head`` once per chunk and
@@ -308,7 +340,7 @@ def _traced_steps(rank: _Rank, optimizers, batch, ceilings) -> Trace:
 
     tracker = _tracker()
     tracker.track_external(rank.model_parts[0], *optimizers.optimizers)
-    with tracker, _untracked_sharding_propagation(tracker):
+    with tracker, _untracked_sharding_propagation(tracker), _balanced_routing():
         rank.step(optimizers, batch)
         tracker.reset_mod_stats()  # per-module stats only; the peak is kept
         timing = RooflineMode(ceilings, skip=lambda: tracker.propagating) if ceilings else None

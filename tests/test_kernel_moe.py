@@ -152,6 +152,27 @@ def test_opcheck_fake_and_autograd_registration():
     torch.library.opcheck(moe.moe_blockwise, args, test_utils=checks)
 
 
+def test_the_backward_is_an_op_whose_fake_matches_it():
+    """memory=trace runs the backward on fake tensors: its fake gives the real grads' shapes."""
+    hidden, aff, gate_up, down, tpid, b2e, block = _op_args(torch.float32)
+    out, gate_up_act, down_act = moe.moe_blockwise(hidden, aff, gate_up, down, tpid, b2e, block, "float32")
+    args = (torch.ones_like(out), hidden, aff, gate_up, down, tpid, b2e, gate_up_act, down_act, block)
+    torch.library.opcheck(moe.moe_blockwise_backward, args, test_utils=("test_schema", "test_faketensor"))
+    expected = moe.moe_reference_backward(*args)
+    for got, want in zip(moe.moe_blockwise_backward(*args), expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_pack_blocks_on_fake_routing_has_the_real_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ids, _ = _routing(700, 8, 16, seed=2)
+    real = moe.pack_blocks(ids, 16, 256)
+    with FakeTensorMode() as mode:
+        fake = moe.pack_blocks(mode.from_tensor(ids), 16, 256)
+    assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in real]
+
+
 @pytest.mark.parametrize("lnc", [1, 2])
 @pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
 def test_neuron_call_code_meets_the_documented_convention(lnc, compute_dtype):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
 
 from qwen3_trainium.kernels import neuron
 
@@ -37,6 +38,11 @@ def pack_blocks(topk_ids_TK: torch.Tensor, num_experts: int, block_size: int):
     num_tokens, top_k = topk_ids_TK.shape
     device = topk_ids_TK.device
     n_blocks = num_blocks(num_tokens, top_k, num_experts, block_size)
+    if isinstance(topk_ids_TK, FakeTensor):  # memory=trace: static shapes, no routing values
+        return (
+            torch.full((n_blocks * block_size,), num_tokens, dtype=torch.int32, device=device),
+            torch.zeros(n_blocks, dtype=torch.int32, device=device),
+        )
     expert_of = topk_ids_TK.reshape(-1).long()
     counts = torch.bincount(expert_of, minlength=num_experts)
     blocks = (counts + block_size - 1) // block_size
@@ -196,17 +202,41 @@ def _setup_context(ctx, inputs, output):
     ctx.block_size = block_size
 
 
-def _backward(ctx, grad_out, _grad_gate_up_act, _grad_down_act):
-    saved = ctx.saved_tensors
-    hidden, affinities, gate_up, down, tpid, b2e, gate_up_act, down_act = saved
+@torch.library.custom_op("qwen3_trainium::moe_blockwise_backward", mutates_args=())
+def moe_blockwise_backward(
+    grad_out: torch.Tensor,
+    hidden: torch.Tensor,
+    affinities: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    token_position_to_id: torch.Tensor,
+    block_to_expert: torch.Tensor,
+    gate_up_act: torch.Tensor,
+    down_act: torch.Tensor,
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Grads of hidden, affinities, gate_up, down: an op of its own, so the backward has a fake
+    implementation too (its block loop reads the routing, which a fake tensor does not hold)."""
+    saved = (hidden, affinities, gate_up, down, token_position_to_id, block_to_expert, gate_up_act, down_act)
     if neuron.on_neuron(hidden, gate_up, down):
         from qwen3_trainium.kernels import moe_nki
 
-        grads = moe_nki.backward(grad_out, *saved, ctx.block_size)
-    else:
-        grads = moe_reference_backward(
-            grad_out, hidden, affinities, gate_up, down, tpid, b2e, gate_up_act, down_act, ctx.block_size
-        )
+        return tuple(moe_nki.backward(grad_out, *saved, block_size))
+    return tuple(moe_reference_backward(grad_out, *saved, block_size))
+
+
+@moe_blockwise_backward.register_fake
+def _(grad_out, hidden, affinities, gate_up, down, *_rest):
+    return (
+        torch.empty_like(hidden),
+        torch.empty_like(affinities),
+        torch.empty_like(gate_up),
+        torch.empty_like(down),
+    )
+
+
+def _backward(ctx, grad_out, _grad_gate_up_act, _grad_down_act):
+    grads = moe_blockwise_backward(grad_out, *ctx.saved_tensors, ctx.block_size)
     return (*grads, None, None, None, None)
 
 

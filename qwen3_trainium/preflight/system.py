@@ -142,9 +142,11 @@ def check_trace(
 
     if run.parallel.pipeline_parallel_degree > 1:
         return [Problem("memory", "trace", "pipeline parallel runs are not traced", "memory=estimate")]
-    if experts:  # token_dispatcher's all-to-all splits, kernels/moe.py's bincount
-        why = "MoE layers are not traced: their routing sizes tensors from token counts, which fake tensors do not have"
-        return [Problem("memory", "trace", why, "memory=estimate")]
+    float32_experts = run.training.mixed_precision_param.value == "float32" and not run.model.kernels
+    if experts and float32_experts:  # torch/_meta_registrations.py, _grouped_mm: bf16/fp16 only
+        why = "float32 grouped experts are not traced: torch's fake _grouped_mm takes bfloat16 only"
+        fix = "training.mixed_precision_param=bfloat16, or memory=estimate"
+        return [Problem("memory", "trace", why, fix)]
     data, why = run_trace(run, run_dir)
     if data is None:
         return [Problem("memory", "trace", why, TRACE_FIX)]
