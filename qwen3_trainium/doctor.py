@@ -52,7 +52,9 @@ def _torchtitan_lines(run: RunConf) -> list[tuple[bool | None, str]]:
     if version is None:
         return lines
     missing = dict((seam.name, error) for seam, error in seams.missing())
-    needed = {seam.name for seam in seams.needed(run.model.path.value, run.device.type.value)}
+    needed = {
+        seam.name for seam in seams.needed(run.model.path.value, run.device.type.value, run.memory.mode.value)
+    }
     private = sum(seam.is_private for seam in seams.SEAMS)
     lines.append(
         (

@@ -10,7 +10,7 @@ A seam is ``module:qualname`` plus, optionally, dataclass fields the object must
 name its source must mention (an attribute set in ``__init__``, invisible on the class).
 Private ones (a ``_name``, the device globals, ``torchtitan.experiments``) are nobody's promise;
 they are marked so. ``needed_by`` says which runs need a seam: ``all``, a model path
-(``native``, ``hf``, ``nki_moe``) or a device (``cpu``).
+(``native``, ``hf``, ``nki_moe``), a device (``cpu``), or ``trace`` (``memory=trace``).
 """
 
 from __future__ import annotations
@@ -150,6 +150,14 @@ SEAMS: tuple[Seam, ...] = (
          "model=hf on CPU and Neuron: dense document masks (hf_model.py)", ("hf",)),
     Seam("torchtitan.experiments.transformers_modeling_backend.state_dict_adapter:HFTransformerStateDictAdapter",
          "model=hf export keeps an un-tied lm_head (checkpoint.py)", ("hf",), mentions="_tie_word_embeddings"),
+    # memory=trace (memtrace.py): rank 0 of a fake world, the step through the trainer's own code
+    Seam("torchtitan.config.configs:CommConfig", "memory=trace: torchtitan's fake process group (comm.mode=fake_backend)",
+         ("trace",), fields=("mode",)),
+    Seam("torchtitan.distributed.utils:init_fake_mode", "memory=trace: a world of any size on one CPU", ("trace",)),
+    Seam("torchtitan.trainer:Trainer._forward_backward_body", "memory=trace: the traced step is the trainer's", ("trace",)),
+    Seam("torchtitan.trainer:Trainer.post_dataloading_process", "memory=trace: the traced batch's masks", ("trace",)),
+    Seam("torchtitan.models.common.token_dispatcher:AllToAllTokenDispatcher._sync_token_count_exchange",
+         "memory=trace with expert parallel: balanced routing in place of token counts", ("trace",)),
 )  # fmt: skip
 
 
@@ -179,8 +187,8 @@ def probe(seam: Seam) -> str | None:
     return None
 
 
-def needed(path: str, device: str) -> list[Seam]:
-    scope = {"all", path, device}
+def needed(path: str, device: str, memory: str = "estimate") -> list[Seam]:
+    scope = {"all", path, device} | ({"trace"} if memory == "trace" else set())
     return [seam for seam in SEAMS if scope & set(seam.needed_by)]
 
 

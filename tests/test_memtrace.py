@@ -83,12 +83,28 @@ def test_a_trace_that_cannot_finish_names_the_knob(tmp_path):
     assert not list(tmp_path.glob(system.TRACE_CONFIG))  # the helper's config is removed
 
 
-@pytest.mark.parametrize("model", ["model=nki_moe", "model.flavor=tiny_moe"])
-def test_moe_is_refused_with_the_estimate_as_the_fix(model, tmp_path):
-    run = resolve("model=native", model, "device=cpu", "memory=trace")
+def test_float32_grouped_experts_are_refused_naming_the_fix(tmp_path):
+    run = resolve("model=native", "model.flavor=tiny_moe", "device=cpu", "memory=trace")
     problems = preflight.check(run, str(tmp_path), launching=False)
-    assert [(p.key, p.fix) for p in problems] == [("memory", "memory=estimate")]
-    assert "MoE" in problems[0].message
+    assert [(p.key, p.value) for p in problems] == [("memory", "trace")]
+    assert "training.mixed_precision_param=bfloat16" in problems[0].fix
+
+
+@pytest.mark.heavy  # three traces, half a minute
+@pytest.mark.parametrize(
+    "path",
+    [
+        ("model=hf",),
+        ("model=nki_moe",),  # the blockwise kernel's op and its backward op, on fake tensors
+        ("model=nki_moe", "parallel=cpu2", "model.kernels=[]", "training.mixed_precision_param=bfloat16"),
+    ],
+)
+def test_every_path_traces(path, tmp_path):
+    trace = _trace(tmp_path, *path, "device=cpu", "smoke=on")
+    assert (
+        trace.parts["optimizer states"] > 0
+        and trace.parts["activations"] + trace.parts["backward temporaries"] > 0
+    )
 
 
 def test_the_roofline_takes_the_slower_of_compute_and_memory_traffic():

@@ -111,7 +111,9 @@ def check_seams(run: RunConf) -> list[Problem]:
             f"torchtitan seam {seam.name} is missing ({error}); used by {seam.uses}",
             TITAN_FIX,
         )
-        for seam, error in seams.missing(seams.needed(run.model.path.value, run.device.type.value))
+        for seam, error in seams.missing(
+            seams.needed(run.model.path.value, run.device.type.value, run.memory.mode.value)
+        )
     ]
 
 

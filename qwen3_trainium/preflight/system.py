@@ -151,11 +151,13 @@ def check_trace(
     if data is None:
         return [Problem("memory", "trace", why, TRACE_FIX)]
     trace = Trace(**data)
-    notes.append(trace_table(trace, capacity))
+    table = trace_table(trace, capacity)
+    notes.append(table)
     if trace.step_seconds:
         notes.append(step_line(trace))
     if capacity and trace.total > capacity:
-        message = f"traced {trace.total / memory.GiB:.2f} GiB per rank, over the {capacity / memory.GiB:.2f} GiB a rank has"
+        over = f"traced {trace.total / memory.GiB:.2f} GiB per rank, over the {capacity / memory.GiB:.2f} GiB a rank has"
+        message = f"{over}:\n{table.split(chr(10), 1)[1]}"
         fix = "more sharding (parallel.*), activation_checkpoint.mode=selective|full, a smaller training.local_batch_size or seq_len"
         return [Problem("memory", f"{trace.total / memory.GiB:.2f} GiB", message, fix)]
     if capacity and trace.total > 0.9 * capacity:
