@@ -3,14 +3,16 @@
     python -m bench.memory [--cases tiny,debugmodel,tiny_moe,0.6B-2layer] [--ranks 1,2]
                            [--ac none,selective,full] [--steps 3]
 
-For each case (model x ranks x activation checkpointing) it runs ``launch.py ... dry_run=true
-memory=trace`` (which prints both the estimate and the trace) and then the run itself on the CPU,
+For each case (model x ranks x activation checkpointing) it runs ``launch.py ... dry_run=true``
+(the estimate), the trace helper (``memtrace.py``), then the run itself on the CPU,
 and prints per rank: the estimate, the traced peak, the measured peak (the fullest rank's
 ``memory_max_all_ranks_gib``: resident set added since the model was defined, ``devices.py``,
 with glibc's mmap threshold fixed, see ``ALLOCATOR``),
 trace / measured, and whether the trace is within 5 %. ``0.6B-2layer`` is Qwen3-0.6B's published
 config.json cut to 2 layers, as an HF directory of the Hub's layout (sparse safetensors), loaded
-with ``checkpoint=hf_finetune`` (the HF load included). tiny_moe runs with bfloat16 parameters (pre-flight
+with ``checkpoint=hf_finetune`` (the HF load included). The roofline tokens/s, on this CPU's own
+ceilings (a matmul and a copy measured here per rank), is printed beside the measured tokens/s:
+information, not a goal. tiny_moe runs with bfloat16 parameters (pre-flight
 refuses to trace float32 grouped experts).
 """
 
@@ -23,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench.common import ROOT
@@ -89,21 +92,76 @@ def measured(run_dir: Path) -> tuple[float, float]:
     return peak, tps[len(tps) // 2] if tps else 0.0
 
 
+def resolved(args: list[str], path: Path) -> Path:
+    """The run config ``launch.py ARGS`` would resolve, saved for the trace helper."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from qwen3_trainium import runconfig, schema
+
+    schema.register()
+    runconfig.register_resolvers()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=args)
+    return Path(runconfig.save(runconfig.resolve(cfg, str(ROOT)), str(path.parent), path.name))
+
+
+def cpu_ceilings(threads: int) -> tuple[float, float, float]:
+    """(bfloat16 FLOP/s, float32 FLOP/s, copy bytes/s) of one rank's threads here, best of 5:
+    a 1024^3 matmul and a 64 MiB copy."""
+    import torch
+
+    torch.set_num_threads(threads)
+    best = {}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+        best[name] = 2 * 1024**3 / min(times)
+    src, dst = torch.empty(2**24), torch.empty(2**24)
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return best["bf16"], best["fp32"], 2 * src.numel() * 4 / min(times)
+
+
+def traced(args: list[str], ranks: int, work: Path) -> dict:
+    """The trace helper on this run, with this CPU's ceilings for the roofline."""
+    config = resolved(args, work / "trace" / "resolved.yaml")
+    ceilings = cpu_ceilings(max((os.cpu_count() or 1) // ranks, 1))
+    command = [sys.executable, "-m", "qwen3_trainium.memtrace", str(config.parent), str(config)]
+    proc = subprocess.run(
+        [*command, *map(str, ceilings)], cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    if proc.returncode:
+        raise RuntimeError(proc.stderr.strip().splitlines()[-1])
+    from qwen3_trainium.memtrace import Trace
+
+    return Trace(**json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
 def case(name: str, model: list[str], ranks: int, ac: str, steps: int, work: Path) -> dict:
     args = [*BASE, *model, f"launcher.nproc_per_node={ranks}", f"activation_checkpoint.mode={ac}"]
     args += [f"training.steps={steps}"]
-    dry = _launch([*args, "dry_run=true", "memory=trace", f"hydra.run.dir={work / 'dry'}"])
+    dry = _launch([*args, "dry_run=true", f"hydra.run.dir={work / 'dry'}"])
+    trace = traced(args, ranks, work)
     run_dir = work / "run"
     _launch([*args, f"hydra.run.dir={run_dir}"], env=ALLOCATOR)
     peak, tps = measured(run_dir)
-    trace = _gib(dry, "step peak")
-    load = _gib(dry, "load peak")
     return {
         "case": f"{name} {ranks}r ac={ac}",
         "estimate": _gib(dry, "total per rank"),
-        "trace": max(trace or 0, load or 0) or None,
+        "trace": trace.total / GiB,
         "measured": peak,
         "tps": tps,
+        "roofline_tps": trace.tokens_per_second,
     }
 
 
@@ -154,6 +212,8 @@ def _line(r: dict) -> str:
         f"{r['case']:32s} estimate {r['estimate']:7.3f}  trace {r['trace']:7.3f}  measured {r['measured']:7.3f} GiB"
         f"  trace/measured {ratio:5.2f} {'ok' if abs(ratio - 1) <= 0.05 else 'MISS'}"
         f"  estimate/measured {r['estimate'] / r['measured']:5.2f}"
+        f"  tokens/s: roofline {r['roofline_tps']:7.0f} measured {r['tps']:7.0f}"
+        f" ({r['roofline_tps'] / r['tps']:.1f}x)"
     )
 
 
