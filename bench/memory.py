@@ -86,7 +86,9 @@ def _gib(text: str, label: str) -> float | None:
 
 def measured(run_dir: Path) -> tuple[float, float]:
     """(peak GiB of the fullest rank, median tokens/s after step 1) from metrics.jsonl."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    from qwen3_trainium.report import read_metrics
+
+    rows = read_metrics(str(run_dir))
     peak = max(r.get("memory_max_all_ranks_gib", 0) for r in rows)
     tps = sorted(r["tokens_per_second"] for r in rows[1:] if "tokens_per_second" in r)
     return peak, tps[len(tps) // 2] if tps else 0.0

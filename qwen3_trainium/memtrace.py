@@ -28,8 +28,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-GiB = 2**30
-
 # MemTracker's kinds (torch/distributed/_tools/mem_tracker.py ``_MemRefType``), as the estimate
 # groups them. FSDP's gathered (unsharded) parameters are module parameters while a layer runs.
 PARTS = {
@@ -226,16 +224,13 @@ def _load_parts(model, config) -> dict[str, int]:
     def local(t):
         return t.to_local() if isinstance(t, DTensor) else t
 
-    params = [local(p) for p in model.parameters()]
-    at_rest = sum(p.numel() * p.element_size() for p in params)
-    experts = sum(
-        local(p).numel() * local(p).element_size()
-        for name, p in model.named_parameters()
-        if "experts" in name
-    )
+    params = {name: local(p) for name, p in model.named_parameters()}
+    at_rest = sum(p.numel() * p.element_size() for p in params.values())
+    experts = sum(p.numel() * p.element_size() for name, p in params.items() if "experts" in name)
     parts = {
         "parameters (loaded into)": at_rest,
-        "largest tensor read (bf16)": max((p.numel() for p in params), default=0) * HF_CHECKPOINT_BYTES,
+        "largest tensor read (bf16)": max((p.numel() for p in params.values()), default=0)
+        * HF_CHECKPOINT_BYTES,
     }
     if experts:
         parts["experts restacked (from_hf)"] = experts

@@ -14,6 +14,7 @@ collective costs nothing, so the time is what the rank computes and moves, with 
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils._runtime_estimation import _IGNORE_OPS, get_num_bytes
@@ -34,8 +35,6 @@ class RooflineMode(TorchDispatchMode):
         self.flops = 0.0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
-
         if any(t is DTensor for t in types):
             return NotImplemented  # DTensor first: this mode then sees the rank's local ops
         out = func(*args, **(kwargs or {}))

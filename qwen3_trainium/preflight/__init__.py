@@ -54,7 +54,7 @@ from qwen3_trainium.preflight.stack import (
     versions,
 )
 from qwen3_trainium.preflight.system import check_degrees, check_memory, check_trace
-from qwen3_trainium.schema import RunConf
+from qwen3_trainium.schema import MemoryMode, RunConf
 
 __all__ = [
     "Problem",
@@ -152,7 +152,6 @@ def _check_shape(run: RunConf, trial, notes: list[str], run_dir: str) -> list[Pr
     import torch
 
     from qwen3_trainium import memory
-    from qwen3_trainium.schema import MemoryMode
 
     with torch.device("meta"):
         model = trial.model_spec.model.build()

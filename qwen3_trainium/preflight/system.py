@@ -94,6 +94,9 @@ def check_degrees(run: RunConf, shape: memory.ModelShape) -> tuple[list[Problem]
     return problems, arithmetic
 
 
+MEMORY_FIX = "more sharding (parallel.*), activation_checkpoint.mode=selective|full, a smaller training.local_batch_size or seq_len"
+
+
 def check_memory(run: RunConf, shape: memory.ModelShape) -> tuple[list[Problem], memory.Estimate]:
     shard = runconfig.degrees(run).shard
     info = devices.device_info(
@@ -105,8 +108,7 @@ def check_memory(run: RunConf, shape: memory.ModelShape) -> tuple[list[Problem],
     est = memory.estimate(run, shape, dp_shard=shard, capacity=info.memory_per_rank)
     if est.capacity and est.total > est.capacity:
         message = f"estimated {est.total / memory.GiB:.1f} GiB per rank, over the {est.capacity / memory.GiB:.1f} GiB a rank has:\n{est.table()}"
-        fix = "more sharding (parallel.*), activation_checkpoint.mode=selective|full, a smaller training.local_batch_size or seq_len"
-        return [Problem("memory", f"{est.total / memory.GiB:.1f} GiB", message, fix)], est
+        return [Problem("memory", f"{est.total / memory.GiB:.1f} GiB", message, MEMORY_FIX)], est
     return [], est
 
 
@@ -116,7 +118,6 @@ TRACE_FIX = "memory=estimate (the analytic estimate), or a smaller training.loca
 
 def run_trace(run: RunConf, run_dir: str) -> tuple[dict | None, str]:
     """(the trace, "") from a helper process (``memtrace.py``), or (None, why it failed)."""
-    os.makedirs(run_dir, exist_ok=True)
     path = runconfig.save(run, run_dir, TRACE_CONFIG)
     command = [sys.executable, "-m", "qwen3_trainium.memtrace", run_dir, path]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # fake tensors compute nothing
@@ -158,8 +159,7 @@ def check_trace(
     if capacity and trace.total > capacity:
         over = f"traced {trace.total / memory.GiB:.2f} GiB per rank, over the {capacity / memory.GiB:.2f} GiB a rank has"
         message = f"{over}:\n{table.split(chr(10), 1)[1]}"
-        fix = "more sharding (parallel.*), activation_checkpoint.mode=selective|full, a smaller training.local_batch_size or seq_len"
-        return [Problem("memory", f"{trace.total / memory.GiB:.2f} GiB", message, fix)]
+        return [Problem("memory", f"{trace.total / memory.GiB:.2f} GiB", message, MEMORY_FIX)]
     if capacity and trace.total > 0.9 * capacity:
         notes.append(
             f"WARNING the traced peak is {100 * trace.total / capacity:.0f}% of a rank's device memory"
