@@ -31,18 +31,13 @@ from pathlib import Path
 from bench.common import ROOT
 
 GiB = 2**30
-BASE = [
-    "smoke=on",
-    "tracking=off",
-    "training.local_batch_size=2",
-    "training.seq_len=256",
-    "preflight_cache=false",
-]
+BASE = ["smoke=on", "tracking=off", "preflight_cache=false"]
 MODELS = {
     "tiny": ["model=native", "model.flavor=tiny"],
     "debugmodel": ["model=native", "model.flavor=debugmodel"],
     # bfloat16 experts: torch's fake _grouped_mm has no float32 (pre-flight says so)
-    "tiny_moe": ["model=native", "model.flavor=tiny_moe", "training.mixed_precision_param=bfloat16"],
+    "tiny_moe": ["model=native", "model.flavor=tiny_moe"],  # float32 grouped experts (CPU's default)
+    "tiny_moe_nki": ["model=nki_moe", "model.flavor=tiny_moe"],
 }
 
 
@@ -149,16 +144,20 @@ def traced(args: list[str], ranks: int, work: Path) -> dict:
     return Trace(**json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def case(name: str, model: list[str], ranks: int, ac: str, steps: int, work: Path) -> dict:
+def case(name: str, model: list[str], ranks: int, ac: str, opts, work: Path) -> dict:
     args = [*BASE, *model, f"launcher.nproc_per_node={ranks}", f"activation_checkpoint.mode={ac}"]
-    args += [f"training.steps={steps}"]
+    args += [
+        f"training.steps={opts.steps}",
+        f"training.local_batch_size={opts.batch}",
+        f"training.seq_len={opts.seq}",
+    ]
     dry = _launch([*args, "dry_run=true", f"hydra.run.dir={work / 'dry'}"])
     trace = traced(args, ranks, work)
     run_dir = work / "run"
     _launch([*args, f"hydra.run.dir={run_dir}"], env=ALLOCATOR)
     peak, tps = measured(run_dir)
     return {
-        "case": f"{name} {ranks}r ac={ac}",
+        "case": f"{name} {ranks}r ac={ac} T={opts.batch}x{opts.seq}",
         "estimate": _gib(dry, "total per rank"),
         "trace": trace.total / GiB,
         "measured": peak,
@@ -173,6 +172,8 @@ def main() -> None:
     parser.add_argument("--ranks", default="1,2")
     parser.add_argument("--ac", default="none,selective,full")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=2, help="training.local_batch_size")
+    parser.add_argument("--seq", type=int, default=256, help="training.seq_len")
     opts = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
@@ -184,7 +185,7 @@ def main() -> None:
                 for ac in opts.ac.split(","):
                     slot = work / f"{name}-{ranks}-{ac}"
                     try:
-                        rows.append(case(name, models[name], ranks, ac, opts.steps, slot))
+                        rows.append(case(name, models[name], ranks, ac, opts, slot))
                     except RuntimeError as error:
                         rows.append(
                             {"case": f"{name} {ranks}r ac={ac}", "error": str(error).strip().splitlines()[-1]}

@@ -245,7 +245,7 @@ def _traced_steps(rank: _Rank, optimizers, batch, ceilings) -> Trace:
 
     tracker = tracing.step_tracker()
     tracker.track_external(rank.model_parts[0], *optimizers.optimizers)
-    with tracker, tracing.untracked_sharding_propagation(tracker), tracing.balanced_routing():
+    with tracker, tracing.adapted(tracker):
         rank.step(optimizers, batch)
         tracker.reset_mod_stats()  # per-module stats only; the peak is kept
         timing = RooflineMode(ceilings, skip=lambda: tracker.propagating) if ceilings else None

@@ -63,6 +63,9 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
         run.model.flavor = flavors.default_flavor(device, moe=run.model.path is ModelPath.nki_moe)
     if run.training.mixed_precision_param is ParamDtype.auto:
         run.training.mixed_precision_param = ParamDtype.float32 if device == "cpu" else ParamDtype.bfloat16
+    if run.model.moe_compute_dtype is ParamDtype.auto:
+        neuron = device == "neuron"
+        run.model.moe_compute_dtype = ParamDtype.bfloat16 if neuron else run.training.mixed_precision_param
     if run.model.attn_backend is AttnBackend.auto:
         run.model.attn_backend = AttnBackend.flex if device == "cuda" else AttnBackend.sdpa
     _resolve_compile(run)

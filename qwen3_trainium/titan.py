@@ -184,6 +184,10 @@ def _model_parts(run: RunConf) -> tuple[type, dict]:
         spec = flavors.model_spec(run.model.flavor, titan_attn_backend(run))
         if hf_checkpoint(run):
             _without_expert_bias(spec.model)
+        if "moe_experts" in run.model.kernels:  # experts stored fused: converted at the HF boundary
+            from qwen3_trainium.overrides.blockwise_experts import FusedExpertsStateDictAdapter
+
+            spec.state_dict_adapter = FusedExpertsStateDictAdapter
         loss = ChunkedLossWrapper.Config(
             loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec))
         )

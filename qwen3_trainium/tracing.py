@@ -1,10 +1,11 @@
 """torch's and torchtitan's step code adapted for a trace on fake tensors (``memtrace.py``).
 
-Three adaptations, each because a fake tensor has shapes but no values, or because the trace
+Four adaptations, each because a fake tensor has shapes but no values, or because the trace
 runs inside its own ``FakeTensorMode`` where torch's tools expect eager tensors:
 - ``step_tracker``: torch's ``MemTracker``, faster, and at ease with torchtitan's chunked loss;
 - ``untracked_sharding_propagation``: DTensor's global-shape metadata runs are not memory;
-- ``balanced_routing``: expert parallel's all-to-all sized without token counts.
+- ``balanced_routing``: expert parallel's all-to-all sized without token counts;
+- ``float32_grouped_mm``: torch's fake ``_grouped_mm`` for the float32 experts CPU runs.
 """
 
 from __future__ import annotations
@@ -67,6 +68,38 @@ def balanced_routing():
             dispatch,
             exchange,
         )
+
+
+@contextlib.contextmanager
+def float32_grouped_mm():
+    """torch's meta function of ``_grouped_mm`` implements the CUDA kernel's checks
+    (``torch/_meta_registrations.py`` ``_meta_grouped_mm_common``: bfloat16, float16 or fp8), but
+    the CPU kernel also runs float32, which torchtitan's experts compute in on CPU with float32
+    parameters (``overrides/experts.py``). For float32 operands the output follows the same shape
+    rule (``_create_grouped_mm_output_tensor``); every other dtype keeps torch's checks."""
+    import torch
+    from torch import _meta_registrations as meta
+
+    common = meta._meta_grouped_mm_common
+
+    def with_float32(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scale_result=None,
+                     out_dtype=None, use_fast_accum=False):  # fmt: skip
+        if mat_a.dtype == mat_b.dtype == torch.float32 and scale_a is None and bias is None:
+            return meta._create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
+        return common(mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, out_dtype, use_fast_accum)
+
+    meta._meta_grouped_mm_common = with_float32
+    try:
+        yield
+    finally:
+        meta._meta_grouped_mm_common = common
+
+
+@contextlib.contextmanager
+def adapted(tracker):
+    """The step's code adapted for the trace (all but the tracker itself)."""
+    with untracked_sharding_propagation(tracker), balanced_routing(), float32_grouped_mm():
+        yield
 
 
 def step_tracker():

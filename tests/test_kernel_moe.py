@@ -13,6 +13,7 @@ from torchtitan.models.common.moe import GroupedExperts, MoE
 
 from qwen3_trainium import flavors
 from qwen3_trainium.kernels import moe, moe_nki
+from qwen3_trainium.overrides import blockwise_experts
 from tests.support import nki_standins as standins
 
 
@@ -72,13 +73,12 @@ def _moe_pair(compute_dtype: str, float32_reference: bool):
     torch.manual_seed(0)
     titan, ours = MoE(titan_cfg), MoE(ours_cfg)
     with torch.no_grad():
-        for module in (titan, ours):
-            for name, p in module.named_parameters():
-                p.copy_(
-                    torch.randn(p.shape, generator=torch.Generator().manual_seed(zlib.crc32(name.encode())))
-                    * 0.1
-                )
-            module.expert_bias_E.zero_()
+        for name, p in titan.named_parameters():
+            p.copy_(
+                torch.randn(p.shape, generator=torch.Generator().manual_seed(zlib.crc32(name.encode()))) * 0.1
+            )
+        titan.expert_bias_E.zero_()
+    ours.load_state_dict(blockwise_experts.to_fused_experts(titan.state_dict()))  # the same weights
     if float32_reference:
         titan.routed_experts.inner_experts.__class__ = Float32GroupedExperts
     return titan, ours
@@ -98,6 +98,7 @@ def test_float32_reference_matches_torchtitan_moe_outputs_and_all_gradients():
     x = torch.randn(2, 256, 256, generator=torch.Generator().manual_seed(2))
     out_t, dx_t, g_t = _run(titan, x)
     out_o, dx_o, g_o = _run(ours, x)
+    g_o = blockwise_experts.to_titan_experts(g_o)  # fused grads in torchtitan's layout
     pairs = {"out": (out_t, out_o), "x.grad": (dx_t, dx_o)} | {f"{n}.grad": (g_t[n], g_o[n]) for n in g_t}
     report = {
         k: f"{(a - b).abs().max().item():.2e} (|ref| max {a.abs().max().item():.1f})"
@@ -107,6 +108,34 @@ def test_float32_reference_matches_torchtitan_moe_outputs_and_all_gradients():
     assert set(g_t) == set(g_o) and "router.gate.weight" in g_t
     for name, (a, b) in pairs.items():  # weight grads are sums over all tokens: 1e-5 of their size
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_fused_experts_are_exact_against_the_reference_on_torchtitans_weights():
+    """float32, max abs diff 0: the fused layout computes what the reference op computes on
+    torchtitan's w1/w2/w3 stacked into the kernel's layout (this override's former per-step copy),
+    outputs and every gradient."""
+    titan, ours = _moe_pair("float32", float32_reference=True)
+    x = torch.randn(2, 256, 256, generator=torch.Generator().manual_seed(2))
+
+    def stacked_copy(self, x_BLD, scores_BLK, ids_BLK, _counts):
+        experts = titan.routed_experts.inner_experts
+        w1, w2, w3 = experts.w1_EFD, experts.w2_EDF, experts.w3_EFD
+        gate_up = torch.stack([w1.transpose(1, 2), w3.transpose(1, 2)], dim=2).contiguous()
+        out = moe.routed_experts(
+            x_BLD.reshape(-1, x_BLD.shape[-1]), scores_BLK.reshape(-1, scores_BLK.shape[-1]),
+            ids_BLK.reshape(-1, ids_BLK.shape[-1]), gate_up, w2.transpose(1, 2).contiguous(),
+            block_size=256, compute_dtype="float32",
+        )  # fmt: skip
+        return out.view(x_BLD.shape)
+
+    titan.routed_experts.forward = stacked_copy.__get__(titan.routed_experts)
+    out_r, dx_r, g_r = _run(titan, x)
+    out_o, dx_o, g_o = _run(ours, x)
+    g_o = blockwise_experts.to_titan_experts(g_o)
+    diffs = {"out": (out_r - out_o).abs().max().item(), "x.grad": (dx_r - dx_o).abs().max().item()}
+    diffs |= {f"{n}.grad": (g_r[n] - g_o[n]).abs().max().item() for n in g_r}
+    print("max abs diff, fused layout vs reference on stacked torchtitan weights:", diffs)
+    assert set(g_r) == set(g_o) and all(d == 0.0 for d in diffs.values()), diffs
 
 
 def test_bfloat16_compute_matches_stock_torchtitan_forward_to_bfloat16_rounding():

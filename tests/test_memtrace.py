@@ -83,13 +83,6 @@ def test_a_trace_that_cannot_finish_names_the_knob(tmp_path):
     assert not list(tmp_path.glob(system.TRACE_CONFIG))  # the helper's config is removed
 
 
-def test_float32_grouped_experts_are_refused_naming_the_fix(tmp_path):
-    run = resolve("model=native", "model.flavor=tiny_moe", "device=cpu", "memory=trace")
-    problems = preflight.check(run, str(tmp_path), launching=False)
-    assert [(p.key, p.value) for p in problems] == [("memory", "trace")]
-    assert "training.mixed_precision_param=bfloat16" in problems[0].fix
-
-
 @pytest.mark.heavy  # three traces, half a minute
 @pytest.mark.parametrize(
     "path",
@@ -97,6 +90,7 @@ def test_float32_grouped_experts_are_refused_naming_the_fix(tmp_path):
         ("model=hf",),
         ("model=nki_moe",),  # the blockwise kernel's op and its backward op, on fake tensors
         ("model=nki_moe", "parallel=cpu2", "model.kernels=[]", "training.mixed_precision_param=bfloat16"),
+        ("model=native", "model.flavor=tiny_moe"),  # float32 grouped experts (CPU's default)
     ],
 )
 def test_every_path_traces(path, tmp_path):

@@ -26,7 +26,7 @@ def test_nki_moe_translates_to_native_moe_plus_kernel_overrides(tmp_path):
     assert cfg.override.imports == [
         SDPA_OVERRIDE,
         ROPE,
-        (MOE, {"block_size": 256, "compute_dtype": "bfloat16"}),
+        (MOE, {"block_size": 256, "compute_dtype": "float32"}),  # auto: the parameters' dtype on CPU
     ]
     assert cfg.model_spec.flavor == "tiny_moe"
     assert preflight.check(run, str(tmp_path), launching=False) == []
@@ -45,6 +45,19 @@ def test_each_kernel_switches_off_on_its_own(tmp_path):
     ]  # torchtitan's experts, float32 on CPU
     assert _keys("model=nki_moe", "model.kernels=[rope_hf]", "training.seq_len=128") == ["training.seq_len"]
     assert _keys("model=nki_moe", "model.kernels=[moe_experts]", "training.seq_len=128") == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "dtype"),
+    [
+        (("device=neuron",), "bfloat16"),  # the NKI kernels' compute dtype
+        (("device=cpu",), "float32"),  # the parameters' dtype: no emulated bfloat16 matmuls
+        (("device=cpu", "training.mixed_precision_param=bfloat16"), "bfloat16"),
+        (("device=neuron", "model.moe_compute_dtype=float32"), "float32"),  # chosen, kept
+    ],
+)
+def test_moe_compute_dtype_auto_is_bfloat16_on_neuron_else_the_parameters_dtype(overrides, dtype):
+    assert resolve("model=nki_moe", *overrides).model.moe_compute_dtype.value == dtype
 
 
 def test_default_flavor_off_cpu_is_30b_a3b():
@@ -120,11 +133,9 @@ def test_pypi_placeholders_do_not_break_anything(monkeypatch):
 def test_nki_moe_smoke_trains_and_step_one_matches_native(tmp_path):
     common = ["smoke=on", "tracking=off"]
     runs = {"nki_moe": tmp_path / "nki", "native": tmp_path / "native"}
-    # float32 on both sides (CPU): the blockwise experts in float32, torchtitan's via param_dtype_experts
-    for path, flavor in (
-        ("nki_moe", ["model.moe_compute_dtype=float32"]),
-        ("native", ["model.flavor=tiny_moe"]),
-    ):
+    # float32 on both sides (CPU): the blockwise experts by default (moe_compute_dtype auto),
+    # torchtitan's via param_dtype_experts; the same seed gives the same weights in both layouts
+    for path, flavor in (("nki_moe", []), ("native", ["model.flavor=tiny_moe"])):
         proc = run_launch(f"model={path}", *flavor, *common, f"hydra.run.dir={runs[path]}")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {

@@ -243,17 +243,14 @@ def _backward(ctx, grad_out, _grad_gate_up_act, _grad_down_act):
 moe_blockwise.register_autograd(_backward, setup_context=_setup_context)
 
 
-def routed_experts(
-    x_TD, topk_scores_TK, topk_ids_TK, w1_EFD, w2_EDF, w3_EFD, *, block_size: int, compute_dtype: str
-):
-    """torchtitan's routed-experts computation (dispatch, experts, combine) done blockwise."""
-    num_experts = w1_EFD.shape[0]
+def routed_experts(x_TD, topk_scores_TK, topk_ids_TK, gate_up, down, *, block_size: int, compute_dtype: str):
+    """torchtitan's routed-experts computation (dispatch, experts, combine) done blockwise, on the
+    experts as they are stored (``overrides/blockwise_experts.py``): ``gate_up [E, H, 2, I]`` and
+    ``down [E, I, H]``, the kernel's own layout. Nothing of the weights is copied, so the op saves
+    the parameters themselves for backward and FSDP can free the gathered experts after forward."""
+    num_experts = gate_up.shape[0]
     hidden = torch.cat([x_TD, x_TD.new_zeros(1, x_TD.shape[1])])
     affinities = dense_affinities(topk_scores_TK, topk_ids_TK, num_experts)
     tpid, b2e = pack_blocks(topk_ids_TK, num_experts, block_size)
-    gate_up = torch.stack([w1_EFD.transpose(1, 2), w3_EFD.transpose(1, 2)], dim=2)  # [E, D, 2, F]
-    down = w2_EDF.transpose(1, 2)  # [E, F, D]
-    out, _, _ = moe_blockwise(
-        hidden, affinities, gate_up.contiguous(), down.contiguous(), tpid, b2e, block_size, compute_dtype
-    )
+    out, _, _ = moe_blockwise(hidden, affinities, gate_up, down, tpid, b2e, block_size, compute_dtype)
     return out[:-1]

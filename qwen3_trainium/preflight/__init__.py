@@ -163,7 +163,7 @@ def _check_shape(run: RunConf, trial, notes: list[str], run_dir: str) -> list[Pr
         f"device memory per rank (estimate, {shape.params / 1e6:,.1f}M parameters):\n" + estimate.table()
     )
     if run.memory.mode is MemoryMode.trace and not problems:
-        return check_trace(run, run_dir, estimate.capacity, notes, shape.num_experts)
+        return check_trace(run, run_dir, estimate.capacity, notes)
     if estimate.capacity and not memory_problems and estimate.total > 0.9 * estimate.capacity:
         notes.append(
             f"WARNING the memory estimate is {100 * estimate.total / estimate.capacity:.0f}% of a rank's device memory"

@@ -134,20 +134,13 @@ def run_trace(run: RunConf, run_dir: str) -> tuple[dict | None, str]:
     return json.loads(lines[-1]), ""
 
 
-def check_trace(
-    run: RunConf, run_dir: str, capacity: int | None, notes: list[str], experts: int = 0
-) -> list[Problem]:
+def check_trace(run: RunConf, run_dir: str, capacity: int | None, notes: list[str]) -> list[Problem]:
     """memory=trace: the traced peak per rank against the rank's memory (over: refused; above
     90%: a warning), with its breakdown, the HF load's peak and, on Neuron, the step time."""
     from qwen3_trainium.memtrace import Trace
 
     if run.parallel.pipeline_parallel_degree > 1:
         return [Problem("memory", "trace", "pipeline parallel runs are not traced", "memory=estimate")]
-    float32_experts = run.training.mixed_precision_param.value == "float32" and not run.model.kernels
-    if experts and float32_experts:  # torch/_meta_registrations.py, _grouped_mm: bf16/fp16 only
-        why = "float32 grouped experts are not traced: torch's fake _grouped_mm takes bfloat16 only"
-        fix = "training.mixed_precision_param=bfloat16, or memory=estimate"
-        return [Problem("memory", "trace", why, fix)]
     data, why = run_trace(run, run_dir)
     if data is None:
         return [Problem("memory", "trace", why, TRACE_FIX)]
