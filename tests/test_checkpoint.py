@@ -151,7 +151,6 @@ def _children(pid: int) -> list[int]:
 
 
 RESUME = [
-    "model=native",
     "checkpoint=resume",
     "checkpoint.interval=10",
     "training.steps=40",
@@ -162,13 +161,15 @@ RESUME = [
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_kill_and_resume_ends_where_an_uninterrupted_run_ends(tmp_path):
+@pytest.mark.parametrize("model", ["native", "nki_moe"])  # nki_moe: the experts in the fused layout
+def test_kill_and_resume_ends_where_an_uninterrupted_run_ends(model, tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    proc = run_launch(*RESUME, f"hydra.run.dir={straight}")
+    resume = [f"model={model}", *RESUME]
+    proc = run_launch(*resume, f"hydra.run.dir={straight}")
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    first = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *RESUME, f"hydra.run.dir={killed}"],
+    first = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *resume, f"hydra.run.dir={killed}"],
                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.time() + 300
     while not (killed / "checkpoint" / "step-10" / ".metadata").exists():
@@ -182,7 +183,7 @@ def test_kill_and_resume_ends_where_an_uninterrupted_run_ends(tmp_path):
     rows_before = len((killed / "metrics.jsonl").read_text().splitlines())
     assert 10 <= rows_before < 40, "killed before the end, after the checkpoint"
 
-    again = run_launch(*RESUME, f"hydra.run.dir={killed}")
+    again = run_launch(*resume, f"hydra.run.dir={killed}")
     assert again.returncode == 0, again.stderr[-3000:]
     assert _flag_lines(again.stdout, "resuming from")
     rows = [json.loads(x) for x in (killed / "metrics.jsonl").read_text().splitlines()]
@@ -201,10 +202,51 @@ def test_kill_and_resume_ends_where_an_uninterrupted_run_ends(tmp_path):
 
     saved = FileSystemReader(str(killed / "checkpoint" / "step-40")).read_metadata().state_dict_metadata
     assert any(k.startswith("rng") for k in saved)  # every rank's RNG streams are in the checkpoint
-    # the same folder cannot be resumed by another model
+    # the same folder cannot be resumed by another model (nki_moe: the same model, experts in
+    # torchtitan's layout: the message names the conversion)
+    other = "model.flavor=tiny_moe" if model == "native" else "model.kernels=[rope_hf]"
     problems = preflight.check(
-        resolve("model.flavor=tiny_moe", "checkpoint=resume"), str(killed), launching=False
+        resolve(f"model={model}", other, "checkpoint=resume"), str(killed), launching=False
     )
-    assert [p.key for p in problems] == ["checkpoint.folder"] and "holds a different model" in problems[
-        0
-    ].message
+    assert [p.key for p in problems] == ["checkpoint.folder"]
+    if model == "native":
+        assert "holds a different model" in problems[0].message
+    else:
+        assert "qwen3_trainium.convert_experts" in problems[0].fix and "--to torchtitan" in problems[0].fix
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_a_checkpoint_in_torchtitans_expert_layout_is_refused_then_converted_and_resumed(tmp_path):
+    """model=nki_moe wrote w1_EFD / w2_EDF / w3_EFD before its experts were stored fused (the layout
+    model.kernels=[rope_hf] writes today): pre-flight refuses it naming the conversion; converted,
+    the same command resumes it and its losses follow the run that never stopped."""
+    common = ["model=nki_moe", "checkpoint=resume", "checkpoint.interval=2", "training.local_batch_size=1",
+              "tracking=off"]  # fmt: skip
+    titan_layout = [*common, "model.kernels=[rope_hf]"]
+    straight, run_dir = tmp_path / "straight", tmp_path / "run"
+    assert run_launch(*titan_layout, "training.steps=4", f"hydra.run.dir={straight}").returncode == 0
+    assert run_launch(*titan_layout, "training.steps=2", f"hydra.run.dir={run_dir}").returncode == 0
+    step = run_dir / "checkpoint" / "step-2"
+    before = sorted(p.name for p in step.iterdir())
+
+    refused = run_launch(*common, "training.steps=4", f"hydra.run.dir={run_dir}")
+    assert refused.returncode == 2 and "Traceback" not in refused.stdout + refused.stderr
+    assert f"python -m qwen3_trainium.convert_experts {step} --to fused" in refused.stderr
+    assert sorted(p.name for p in step.iterdir()) == before  # nothing written
+
+    converted = subprocess.run([sys.executable, "-m", "qwen3_trainium.convert_experts", str(step)],
+                               cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert converted.returncode == 0, converted.stderr
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoint.torchtitan" / "step-2").iterdir()) == before
+    again = run_launch(*common, "training.steps=4", f"hydra.run.dir={run_dir}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _flag_lines(again.stdout, "resuming from")
+    losses = {
+        d.name: [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines()]
+        for d in (straight, run_dir)
+    }
+    print(f"torchtitan layout straight {losses['straight']}, converted and resumed {losses['run']}")
+    assert len(losses["run"]) == 4  # two before the conversion, two after
+    for a, b in zip(losses["straight"], losses["run"], strict=True):  # grouped GEMM vs blocks: 1e-6
+        assert abs(a - b) <= 1e-5

@@ -8,8 +8,9 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
-from conftest import ROOT, resolve
+from conftest import ROOT, resolve, run_launch
 
 from qwen3_trainium import make_assets
 from qwen3_trainium.overrides import blockwise_experts as fused
@@ -99,3 +100,29 @@ def test_after_each_layers_forward_its_experts_are_sharded_again(tmp_path):
     assert found["experts_local_rows"] == 2  # 128 experts over 64 ranks
     assert found["saved_gathered_bytes"] == 0  # no gathered copy outlives the forward
     assert found["gathered_param_bytes_during_forward"] > 0  # the op did save the parameters
+
+
+@pytest.mark.slow
+def test_tensor_parallel_splits_the_experts_width_and_trains_as_one_rank(tmp_path):
+    """parallel.tensor_parallel_degree=2: each rank holds half of every expert's width (the fused
+    layout shards gate_up_ED2F on dim 3 and down_EFD on dim 1); from the same HF weights its losses
+    and grad norms are those of one rank."""
+    source = make_assets.ensure_hf_moe_model()
+    common = ["model=nki_moe", "smoke=on", "tracking=off", "training.steps=3", "checkpoint=hf_finetune",
+              f"checkpoint.initial_load_path={source}"]  # fmt: skip
+    runs = {
+        "1 rank": ["launcher.nproc_per_node=1"],
+        "tp 2": ["parallel=cpu2", "parallel.tensor_parallel_degree=2"],
+    }
+    rows = {}
+    for name, layout in runs.items():
+        run_dir = tmp_path / name.replace(" ", "")
+        proc = run_launch(*common, *layout, f"hydra.run.dir={run_dir}")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        rows[name] = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for key in ("loss", "grad_norm"):
+        one, tp = ([r[key] for r in rows[n]] for n in runs)
+        print(f"{key}: 1 rank {one}, tp 2 {tp}")
+        assert len(one) == 3 and all(
+            abs(a - b) <= 1e-5 * max(1.0, abs(a)) for a, b in zip(one, tp, strict=True)
+        )

@@ -200,6 +200,9 @@ def _resume_folder(folder: str, trial, notes: list[str]) -> list[Problem]:
         k for k, shape in ours.items() if k not in saved or tuple(getattr(saved[k], "size", ())) != shape
     )
     if wrong:
+        layouts = _expert_layouts(saved, ours)
+        if layouts:
+            return [_expert_layout_problem(folder, step_dir, *layouts)]
         message = f"{step_dir} holds a different model: {len(wrong)} of {len(ours)} tensors missing or shaped differently ({', '.join(wrong[:SHOWN])})"
         return [
             Problem(
@@ -211,3 +214,23 @@ def _resume_folder(folder: str, trial, notes: list[str]) -> list[Problem]:
         ]
     notes.append(f"resuming from {step_dir}")
     return []
+
+
+def _expert_layouts(saved, ours) -> tuple[str, str] | None:
+    """(the checkpoint's expert layout, the model's) when they are the two different layouts of
+    the same experts (``convert_experts.py``), else None."""
+    from qwen3_trainium.convert_experts import layout_of
+
+    have, want = layout_of(saved), layout_of(ours)
+    return (have, want) if have and want and have != want else None
+
+
+def _expert_layout_problem(folder: str, step_dir: str, have: str, want: str) -> Problem:
+    written = {
+        "torchtitan": "torchtitan's grouped-experts layout (w1_EFD / w2_EDF / w3_EFD: model=native, "
+        "model=nki_moe without moe_experts, and model=nki_moe checkpoints written before its experts were stored fused)",
+        "fused": "the NKI kernels' layout (gate_up_ED2F / down_EFD: model=nki_moe with moe_experts)",
+    }
+    message = f"{step_dir} holds the experts in {written[have]}; this model stores them in {written[want]}"
+    fix = f"convert the step once (the original is kept): python -m qwen3_trainium.convert_experts {step_dir} --to {want}"
+    return Problem("checkpoint.folder", folder, message, fix)

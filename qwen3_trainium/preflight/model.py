@@ -75,15 +75,12 @@ def _moe_kernel(run: RunConf, *, dims: bool) -> list[Problem]:
         problems.append(
             Problem("model.moe_block_size", model.moe_block_size, message, "model.moe_block_size=256")
         )
-    degrees = {
-        "expert_parallel_degree": par.expert_parallel_degree,
-        "tensor_parallel_degree": par.tensor_parallel_degree,
-    }
-    for key, degree in degrees.items():
-        if degree != 1:
-            message = "the blockwise MoE kernel replaces torchtitan's token dispatch: experts stay whole on each rank"
-            fix = f"parallel.{key}=1, or model.kernels without moe_experts"
-            problems.append(Problem(f"parallel.{key}", degree, message, fix))
+    if par.expert_parallel_degree != 1:  # tensor parallel splits each expert's width instead
+        message = (
+            "the blockwise MoE kernel replaces torchtitan's token dispatch: every rank holds every expert"
+        )
+        fix = "parallel.expert_parallel_degree=1 (parallel.tensor_parallel_degree splits the experts), or model.kernels without moe_experts"
+        problems.append(Problem("parallel.expert_parallel_degree", par.expert_parallel_degree, message, fix))
     if dims and run.device.type.value == "neuron":
         problems += _moe_dims_on_neuron(run)
     return problems
