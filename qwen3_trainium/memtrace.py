@@ -217,7 +217,9 @@ def _load_parts(model, config) -> dict[str, int]:
     tensor's slice at a time, read in the checkpoint's bfloat16 and copied into the parameter
     (``hf_storage.py`` ``_process_read_request``); for MoE, torchtitan's ``from_hf`` stacks the
     per-expert tensors into new grouped tensors before ``load_state_dict`` copies them
-    (``models/qwen3/state_dict_adapter.py``). Host-side reads (the file's mmap) are not device
+    (``models/qwen3/state_dict_adapter.py``); with the fused experts (``model=nki_moe``) the
+    adapter first reads into contiguous copies in torchtitan's layout and fuses gate and up again
+    after the stack (``overrides/blockwise_experts.py``). Host-side reads (the file's mmap) are not device
     memory and are left out."""
     from torch.distributed.tensor import DTensor
 
@@ -227,13 +229,18 @@ def _load_parts(model, config) -> dict[str, int]:
     params = {name: local(p) for name, p in model.named_parameters()}
     at_rest = sum(p.numel() * p.element_size() for p in params.values())
     experts = sum(p.numel() * p.element_size() for name, p in params.items() if "experts" in name)
+    gate_up = sum(p.numel() * p.element_size() for name, p in params.items() if name.endswith("gate_up_ED2F"))
     parts = {
         "parameters (loaded into)": at_rest,
         "largest tensor read (bf16)": max((p.numel() for p in params.values()), default=0)
         * HF_CHECKPOINT_BYTES,
     }
+    if gate_up:  # the fused layout (blockwise_experts.py): torchtitan's layout read into, then fused
+        parts["experts as w1/w2/w3 (to_hf)"] = experts
     if experts:
         parts["experts restacked (from_hf)"] = experts
+    if gate_up:
+        parts["gate/up fused (from_hf)"] = gate_up
     return parts
 
 

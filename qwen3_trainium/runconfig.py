@@ -19,6 +19,7 @@ from qwen3_trainium.schema import (
     CompileBackend,
     CompileComponent,
     DeviceType,
+    MemoryMode,
     ModelPath,
     ParamDtype,
     RunConf,
@@ -63,6 +64,9 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
         run.model.flavor = flavors.default_flavor(device, moe=run.model.path is ModelPath.nki_moe)
     if run.training.mixed_precision_param is ParamDtype.auto:
         run.training.mixed_precision_param = ParamDtype.float32 if device == "cpu" else ParamDtype.bfloat16
+    if run.memory.mode is MemoryMode.auto:
+        uncalibrated = device == "neuron" and run.model.path is ModelPath.hf
+        run.memory.mode = MemoryMode.trace if uncalibrated else MemoryMode.estimate
     if run.model.moe_compute_dtype is ParamDtype.auto:
         neuron = device == "neuron"
         run.model.moe_compute_dtype = ParamDtype.bfloat16 if neuron else run.training.mixed_precision_param

@@ -63,6 +63,9 @@ class CompileComponent(Enum):
 
 
 class MemoryMode(Enum):
+    # the estimate where it is calibrated against the trace (within 15% on every trn2 line of the
+    # README), else the trace: model=hf on Neuron (Transformers' modules, not modelled tensor by tensor)
+    auto = "auto"
     estimate = "estimate"  # by hand from the model's shape: milliseconds (memory.py)
     trace = "trace"  # two steps traced under FakeTensorMode on a fake world: seconds (memtrace.py)
 
@@ -285,7 +288,7 @@ class CompileConf:
 class MemoryConf:
     """How pre-flight sizes a rank's device memory before launch (and the step time, with trace)."""
 
-    mode: MemoryMode = MemoryMode.estimate
+    mode: MemoryMode = MemoryMode.auto
     timeout: int = 600  # seconds the trace may take before pre-flight gives up on it
 
 

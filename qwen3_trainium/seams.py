@@ -139,6 +139,13 @@ SEAMS: tuple[Seam, ...] = (
     Seam("torchtitan.models.common.rope:CosSinRoPE", "rope_hf reads the cos/sin cache buffer", ("nki_moe",), mentions="self.cache"),
     Seam("torchtitan.models.common.moe:RoutedExperts.Config", "moe_experts (overrides/nki.py)", ("nki_moe",)),
     Seam("torchtitan.models.common.moe:RoutedExperts", "moe_experts reads the expert weights", ("nki_moe",), mentions="inner_experts"),
+    # nki_moe's fused experts (overrides/blockwise_experts.py): initialised, sharded and converted as torchtitan's
+    Seam("torchtitan.models.common.moe:GroupedExperts.Config", "moe_experts: the fused experts' dims",
+         ("nki_moe",), fields=("dim", "hidden_dim", "num_experts")),
+    Seam("torchtitan.protocols.module:Module._init_self_parameters", "moe_experts: initialised as GroupedExperts",
+         ("nki_moe",)),
+    Seam("torchtitan.models.qwen3.state_dict_adapter:Qwen3StateDictAdapter", "moe_experts: HF keys in and out",
+         ("nki_moe",), mentions="inner_experts.w1_EFD"),
     # model=hf: torchtitan's transformers modeling backend (an experiment upstream).
     Seam("torchtitan.experiments.transformers_modeling_backend:model_registry", "model=hf", ("hf",)),
     Seam("torchtitan.experiments.transformers_modeling_backend:TitanModelConfig", "model=hf", ("hf",)),

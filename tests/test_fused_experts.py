@@ -41,7 +41,6 @@ def test_the_experts_are_two_parameters_in_the_kernels_layout(tmp_path):
 def test_hf_weights_load_into_the_fused_layout_and_give_transformers_logits(tmp_path):
     """Qwen3MoeForCausalLM's per-expert weights through the adapter: the same logits (float32)."""
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
     from qwen3_trainium.checkpoint import model_logits, probe_tokens
 
@@ -55,10 +54,26 @@ def test_hf_weights_load_into_the_fused_layout_and_give_transformers_logits(tmp_
     assert unexpected == [] and all("expert_bias" in k or "tokens_per_expert" in k for k in missing)
     tokens = probe_tokens(cfg.hf_assets_path)
     ours = model_logits(model, tokens)
-    theirs = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()(tokens).logits
+    theirs = _transformers_logits(source, tokens, tmp_path)
     diff = (ours - theirs).abs().max().item()
     print(f"HF Qwen3-MoE weights loaded into the fused layout: max abs logit diff {diff:.2e}")
     assert diff <= 1e-5
+
+
+def _transformers_logits(source, tokens, tmp_path):
+    """Transformers' own logits, in a fresh process (as export_check.py does): what other tests
+    import here registers attention implementations and patches in Transformers' globals."""
+    out = tmp_path / "theirs.pt"
+    code = (
+        "import sys, torch; from transformers import AutoModelForCausalLM; "
+        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval(); "
+        "torch.save(m(torch.load(sys.argv[2])).logits.detach(), sys.argv[3])"
+    )
+    torch.save(tokens, tmp_path / "tokens.pt")
+    proc = subprocess.run([sys.executable, "-c", code, str(source), str(tmp_path / "tokens.pt"), str(out)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return torch.load(out)
 
 
 def test_to_hf_then_from_hf_gives_back_the_fused_weights_exactly(tmp_path):

@@ -60,6 +60,21 @@ def test_moe_compute_dtype_auto_is_bfloat16_on_neuron_else_the_parameters_dtype(
     assert resolve("model=nki_moe", *overrides).model.moe_compute_dtype.value == dtype
 
 
+def test_the_moe_blocks_and_their_padding_are_noted_and_a_larger_block_warned():
+    from qwen3_trainium.preflight.model import kernel_notes
+
+    headline = ("model=nki_moe", "device=neuron", "model.flavor=30B-A3B", "training.seq_len=4096",
+                "training.local_batch_size=1", "activation_checkpoint.mode=selective")  # fmt: skip
+    note = kernel_notes(resolve(*headline))[0]
+    # nki-library's bound: ceil((4096*8 - 127) / 256) + 127 = 255 blocks; 8 x 4096 routed tokens
+    assert "255 of 256 = 65,280 slots for 32,768 routed tokens (50% padding)" in note
+    assert "0.453 GiB per layer, one layer's at a time" in note and "WARNING" not in note
+    larger = kernel_notes(resolve(*headline, "model.moe_block_size=512"))[0]
+    assert "191 of 512 = 97,792 slots" in larger
+    assert "WARNING model.moe_block_size=256 would pad less: 65,280 slots instead of 97,792" in larger
+    assert "every layer's until its backward" in kernel_notes(resolve("model=nki_moe", "device=cpu"))[0]
+
+
 def test_default_flavor_off_cpu_is_30b_a3b():
     assert resolve("model=nki_moe", "device=neuron").model.flavor == "30B-A3B"
 
@@ -74,7 +89,9 @@ def test_kernel_problems_before_launch():
     ]
     # on Neuron the kernels' shape rules apply: tiny_moe's hidden size 256 is below moe_cte's 512
     assert _keys("model=nki_moe", "device=neuron", "model.flavor=tiny_moe") == ["model.flavor"]
-    assert _keys("model=nki_moe", "device=neuron", "model.flavor=30B-A3B") == []
+    assert _keys("experiment=qwen3_30b_a3b_trn2") == []
+    # 30B-A3B at batch 8 without activation checkpointing: 48 layers of padded blocks do not fit
+    assert _keys("model=nki_moe", "device=neuron", "model.flavor=30B-A3B") == ["memory"]
 
 
 def test_seq_len_rule_fails_before_launch_naming_256_and_512(tmp_path):

@@ -146,7 +146,7 @@ def test_an_moe_layout_with_dense_layers_is_refused_naming_the_field(field, valu
         (
             "Qwen/Qwen3-30B-A3B",
             16,
-            ["model=nki_moe", "model.flavor=30B-A3B", "device=neuron", "parallel=trn2_dp64"],
+            ["experiment=qwen3_30b_a3b_trn2"],  # the guide's job: model=nki_moe, 30B-A3B, trn2_dp64
             18867,
         ),
         (

@@ -14,7 +14,7 @@ from qwen3_trainium import seams, setup_neuron
 from qwen3_trainium.kernels import neuron
 from qwen3_trainium.preflight import stack
 
-GUIDE_MOE = ["model=nki_moe", "model.flavor=30B-A3B", "device=neuron", "parallel=trn2_dp64"]
+GUIDE_MOE = ["experiment=qwen3_30b_a3b_trn2"]  # model=nki_moe, 30B-A3B, trn2_dp64, seq 4096, batch 1
 NEURON_STACK = {  # what AWS's SDK 2.33 DLAMI venv reports, with TorchTitan Neuron installed editable
     "torch": "2.14.0",
     "torchtitan": "0.2.2+neuron.1",

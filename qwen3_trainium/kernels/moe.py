@@ -25,12 +25,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
 from qwen3_trainium.kernels import neuron
-
-
-def num_blocks(num_tokens: int, top_k: int, num_experts: int, block_size: int) -> int:
-    """Static upper bound on blocks (nki-library's ``get_n_blocks``)."""
-    assignments = num_tokens * top_k
-    return -(-(assignments - (num_experts - 1)) // block_size) + num_experts - 1
+from qwen3_trainium.kernels.rules import num_blocks
 
 
 def pack_blocks(topk_ids_TK: torch.Tensor, num_experts: int, block_size: int):

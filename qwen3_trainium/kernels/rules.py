@@ -7,6 +7,14 @@ PARTITION = 128  # SBUF partitions per NeuronCore
 BLOCK_SIZES = (256, 512, 1024)  # what both NKI MoE kernels accept (forward: B % 256 == 0)
 
 
+def num_blocks(num_tokens: int, top_k: int, num_experts: int, block_size: int) -> int:
+    """Static upper bound on the blocks of one MoE layer (nki-library's ``get_n_blocks``): every
+    expert may hold a partly filled block, so about ``(E - 1) x B`` of the ``N x B`` slots can be
+    padding whatever the token count (Qwen3-30B-A3B, B 256: 32,512 slots)."""
+    assignments = num_tokens * top_k
+    return -(-(assignments - (num_experts - 1)) // block_size) + num_experts - 1
+
+
 def seq_multiple(lnc: int) -> int:
     return PARTITION * lnc
 

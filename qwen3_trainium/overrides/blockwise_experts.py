@@ -85,9 +85,16 @@ def _empty_like(param: torch.Tensor, shape: tuple[int, ...], dims: dict[int, int
     if not isinstance(param, DTensor):
         return torch.empty(shape, dtype=param.dtype, device=param.device)
     from torch.distributed.tensor import Shard, empty
+    from torch.distributed.tensor.placement_types import _StridedShard
 
     ours_to_titan = {ours: titan for titan, ours in dims.items()}
-    placements = [Shard(ours_to_titan[p.dim]) if isinstance(p, Shard) else p for p in param.placements]
+
+    def moved(p):  # FSDP over a tensor-parallel DTensor shards dim 0 strided: keep the kind
+        if isinstance(p, _StridedShard):
+            return _StridedShard(ours_to_titan[p.dim], split_factor=p.split_factor)
+        return Shard(ours_to_titan[p.dim]) if isinstance(p, Shard) else p
+
+    placements = [moved(p) for p in param.placements]
     return empty(shape, dtype=param.dtype, device_mesh=param.device_mesh, placements=placements)
 
 

@@ -115,16 +115,18 @@ DOCUMENTED_EXPERT_WIDTH = (2048, 16384)  # moe_cte API page: "Intermediate dimen
 
 
 def kernel_notes(run: RunConf) -> list[str]:
-    """What the NKI MoE kernel's documentation leaves open for this flavor (Neuron only)."""
-    if run.device.type.value != "neuron" or "moe_experts" not in run.model.kernels:
+    """The MoE op's blocks (every device), and what the NKI MoE kernel's documentation leaves open
+    for this flavor (Neuron only)."""
+    if "moe_experts" not in run.model.kernels or run.model.flavor not in flavors.MOE_FLAVORS:
         return []
-    if run.model.flavor not in flavors.MOE_FLAVORS:
-        return []
+    notes = [note for note in [block_note(run)] if note]
+    if run.device.type.value != "neuron":
+        return notes
     _, inter = _expert_dims(run.model.flavor)
     low, high = DOCUMENTED_EXPERT_WIDTH
     if low <= inter <= high:
-        return []
-    return [
+        return notes
+    return notes + [
         f"NOTE expert width I={inter} is outside the {low}-{high} that AWS's moe_cte page documents for "
         "shard-on-I; the kernel source asserts only I % 16 == 0 (nki-library 2.29). "
         "make test-neuron checks it against the reference on the device"
@@ -215,3 +217,39 @@ def model_vocab_size(run: RunConf) -> int:
 
         return int(hf.read_config(run.model.hf_model)["vocab_size"])
     return flavors.vocab_size(run.model.flavor)
+
+
+def block_note(run: RunConf) -> str:
+    """The blockwise op's blocks per layer, their padding and what the op saves for backward
+    (``memory._blockwise_layer_bytes``); a warning where a smaller block size pads less."""
+    from qwen3_trainium import memory
+    from qwen3_trainium.kernels.rules import BLOCK_SIZES, num_blocks
+
+    spec = flavors.model_spec(run.model.flavor, "flex")
+    layer = next(layer for layer in spec.model.layers if getattr(layer, "moe", None) is not None)
+    experts, top_k = layer.moe.num_experts, layer.moe.router.top_k
+    tokens = run.training.local_batch_size * run.training.seq_len // run.parallel.context_parallel_degree
+    block = run.model.moe_block_size
+    if block not in BLOCK_SIZES:
+        return ""
+    slots = num_blocks(tokens, top_k, experts, block) * block
+    shape = memory.ModelShape(
+        params=0, largest_layer=0, n_layers=len(spec.model.layers), dim=spec.model.dim, q_dim=0, kv_dim=0,
+        ffn=0, n_heads=0, n_kv_heads=0, vocab=0, num_experts=experts, top_k=top_k,
+        expert_width=layer.moe.routed_experts.inner_experts.hidden_dim,
+    )  # fmt: skip
+    saved = memory._blockwise_layer_bytes(run, shape, tokens) / memory.GiB
+    kept = (
+        "every layer's until its backward"
+        if run.activation_checkpoint.mode.value == "none"
+        else "one layer's at a time (recomputed)"
+    )
+    note = (
+        f"MoE blocks per layer: {slots // block} of {block} = {slots:,} slots for {tokens * top_k:,} routed tokens "
+        f"({100 * (1 - tokens * top_k / slots):.0f}% padding); the op saves {saved:.3f} GiB per layer, {kept}"
+    )
+    smaller = [b for b in BLOCK_SIZES if b < block]
+    if smaller:
+        fewer = num_blocks(tokens, top_k, experts, smaller[0]) * smaller[0]
+        note += f"\nWARNING model.moe_block_size={smaller[0]} would pad less: {fewer:,} slots instead of {slots:,}"
+    return note
