@@ -1,7 +1,7 @@
 """Memory before launch against memory measured: estimate, trace and the run's peak, per case.
 
-    python -m bench.memory [--cases tiny,debugmodel,tiny_moe,0.6B-2layer] [--ranks 1,2]
-                           [--ac none,selective,full] [--steps 3]
+    python -m bench.memory [--cases tiny,debugmodel,tiny_moe,tiny_moe_nki,0.6B-2layer]
+                           [--ranks 1,2] [--ac none,selective,full] [--steps 3] [--batch B --seq S]
 
 For each case (model x ranks x activation checkpointing) it runs ``launch.py ... dry_run=true``
 (the estimate), the trace helper (``memtrace.py``), then the run itself on the CPU,
@@ -10,10 +10,10 @@ and prints per rank: the estimate, the traced peak, the measured peak (the fulle
 with glibc's mmap threshold fixed, see ``ALLOCATOR``),
 trace / measured, and whether the trace is within 5 %. ``0.6B-2layer`` is Qwen3-0.6B's published
 config.json cut to 2 layers, as an HF directory of the Hub's layout (sparse safetensors), loaded
-with ``checkpoint=hf_finetune`` (the HF load included). The roofline tokens/s, on this CPU's own
-ceilings (a matmul and a copy measured here per rank), is printed beside the measured tokens/s:
-information, not a goal. tiny_moe runs with bfloat16 parameters (pre-flight
-refuses to trace float32 grouped experts).
+with ``checkpoint=hf_finetune`` (the HF load included). ``tiny_moe`` is torchtitan's grouped
+experts (float32 on CPU), ``tiny_moe_nki`` the blockwise op on the fused experts; both at the
+token count in ``SHAPES``. The roofline tokens/s, on this CPU's own ceilings (a matmul and a copy
+measured here per rank), is printed beside the measured tokens/s: information, not a goal.
 """
 
 from __future__ import annotations
@@ -37,8 +37,12 @@ MODELS = {
     "debugmodel": ["model=native", "model.flavor=debugmodel"],
     # bfloat16 experts: torch's fake _grouped_mm has no float32 (pre-flight says so)
     "tiny_moe": ["model=native", "model.flavor=tiny_moe"],  # float32 grouped experts (CPU's default)
-    "tiny_moe_nki": ["model=nki_moe", "model.flavor=tiny_moe"],
+    "tiny_moe_nki": ["model=nki_moe", "model.flavor=tiny_moe"],  # the blockwise op, fused experts
 }
+# (local_batch_size, seq_len) per case. The MoE cases route 8 x 1024 tokens, so that what is
+# measured is the experts' memory, not the ~40 MB every process adds (below: at 2 x 256 that alone
+# is a quarter of tiny_moe's peak, and every case of that size misses by it).
+SHAPES = {"tiny_moe": (8, 1024), "tiny_moe_nki": (8, 1024)}
 
 
 def cut_qwen3_0_6b(directory: Path) -> list[str]:
@@ -146,18 +150,16 @@ def traced(args: list[str], ranks: int, work: Path) -> dict:
 
 def case(name: str, model: list[str], ranks: int, ac: str, opts, work: Path) -> dict:
     args = [*BASE, *model, f"launcher.nproc_per_node={ranks}", f"activation_checkpoint.mode={ac}"]
-    args += [
-        f"training.steps={opts.steps}",
-        f"training.local_batch_size={opts.batch}",
-        f"training.seq_len={opts.seq}",
-    ]
+    batch, seq = SHAPES.get(name, (2, 256))
+    batch, seq = opts.batch or batch, opts.seq or seq
+    args += [f"training.steps={opts.steps}", f"training.local_batch_size={batch}", f"training.seq_len={seq}"]
     dry = _launch([*args, "dry_run=true", f"hydra.run.dir={work / 'dry'}"])
     trace = traced(args, ranks, work)
     run_dir = work / "run"
     _launch([*args, f"hydra.run.dir={run_dir}"], env=ALLOCATOR)
     peak, tps = measured(run_dir)
     return {
-        "case": f"{name} {ranks}r ac={ac} T={opts.batch}x{opts.seq}",
+        "case": f"{name} {ranks}r ac={ac} T={batch}x{seq}",
         "estimate": _gib(dry, "total per rank"),
         "trace": trace.total / GiB,
         "measured": peak,
@@ -168,12 +170,12 @@ def case(name: str, model: list[str], ranks: int, ac: str, opts, work: Path) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="tiny,debugmodel,tiny_moe,0.6B-2layer")
+    parser.add_argument("--cases", default="tiny,debugmodel,tiny_moe,tiny_moe_nki,0.6B-2layer")
     parser.add_argument("--ranks", default="1,2")
     parser.add_argument("--ac", default="none,selective,full")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=2, help="training.local_batch_size")
-    parser.add_argument("--seq", type=int, default=256, help="training.seq_len")
+    parser.add_argument("--batch", type=int, help="training.local_batch_size (default: per case, SHAPES)")
+    parser.add_argument("--seq", type=int, help="training.seq_len (default: per case, SHAPES)")
     opts = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:

@@ -196,6 +196,8 @@ AGREE = textwrap.dedent(
             time.sleep(0.05)
     print(json.dumps({"stopped_at": trainer.stopped_at, "saved": Checkpointer.saved, "own": stop.requested()}))
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # as a rank leaves (train.py): torch's C++ teardown can abort a finished process
     """
 )
 
