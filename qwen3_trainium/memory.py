@@ -106,7 +106,7 @@ def model_shape(model_config, model: torch.nn.Module | None = None) -> ModelShap
 
 def _per_token_layer(shape: ModelShape, ac: ACMode, blockwise: bool) -> tuple[int, int]:
     """Elements saved per token and layer: (what ``ac`` keeps, all of them). A blockwise MoE layer's
-    FFN is one op whose saved tensors ``_blockwise_layer_bytes`` counts."""
+    FFN is one op whose saved tensors ``blockwise_layer_bytes`` counts."""
     h, q, kv, f = shape.dim, shape.q_dim, shape.kv_dim, shape.ffn
     ffn_all, ffn_matmuls = (0, 0) if blockwise else (4 * f, 2 * f)  # SwiGLU's four F-wide tensors
     # the input, two norms, two residuals (5h); q/k/v, q/k norms, rotated q/k, attention out (4q + 4kv)
@@ -115,7 +115,7 @@ def _per_token_layer(shape: ModelShape, ac: ACMode, blockwise: bool) -> tuple[in
     return kept, saved_all
 
 
-def _blockwise_layer_bytes(run: RunConf, shape: ModelShape, tokens: int) -> int:
+def blockwise_layer_bytes(run: RunConf, shape: ModelShape, tokens: int) -> int:
     """What the ``moe_blockwise`` op saves for its backward in one layer: its activation checkpoints
     over every block slot, padding included (``gate_up [N, 2, I, B]`` and ``down [N, B, H]`` in the
     MoE compute dtype), the hidden states with their padding row and the affinities."""
@@ -156,7 +156,7 @@ def estimate(run: RunConf, shape: ModelShape, *, dp_shard: int, capacity: int | 
         "activations": int(activations),
     }
     if blockwise:  # without checkpointing every layer's; with it the recomputed layer's
-        per_layer = _blockwise_layer_bytes(run, shape, local_tokens)
+        per_layer = blockwise_layer_bytes(run, shape, local_tokens)
         parts["MoE blocks (padded)"] = int(per_layer * (layers if ac is ACMode.none else 1))
     # torchtitan's chunked loss (native paths): one chunk's logits at a time, in the compute dtype,
     # upcast and their gradient in float32; the HF path computes all of them at once

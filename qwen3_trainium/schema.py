@@ -114,9 +114,11 @@ class ModelConf:
     load_weights: bool = True  # model=hf: start from hf_model's weights (else random init)
     kernels: list[str] = field(default_factory=list)  # model=nki_moe: rope_hf, moe_experts
     moe_block_size: int = 256  # model=nki_moe: tokens per expert block (256, 512, 1024)
-    # The expert matmuls' dtype. auto: bfloat16 on Neuron (the NKI kernels' compute dtype), else
-    # the parameters' dtype (training.mixed_precision_param: float32 on CPU, where bfloat16 matmuls
-    # are emulated and the HF export must match float32 Transformers).
+    # The expert matmuls' dtype. auto: bfloat16 on Neuron (the NKI kernels' compute dtype:
+    # nkilib core/moe/moe_cte/moe_cte.py defaults compute_dtype to nl.bfloat16, and
+    # experimental/moe/bwd/blockwise_mm_backward.py takes bf16/fp16 inputs), else the parameters'
+    # dtype (training.mixed_precision_param: float32 on CPU, where a CPU without BF16 instructions
+    # emulates bfloat16 matmuls and the HF export must match float32 Transformers).
     moe_compute_dtype: ParamDtype = ParamDtype.auto
 
 

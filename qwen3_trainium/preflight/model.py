@@ -221,7 +221,7 @@ def model_vocab_size(run: RunConf) -> int:
 
 def block_note(run: RunConf) -> str:
     """The blockwise op's blocks per layer, their padding and what the op saves for backward
-    (``memory._blockwise_layer_bytes``); a warning where a smaller block size pads less."""
+    (``memory.blockwise_layer_bytes``); a warning where a smaller block size pads less."""
     from qwen3_trainium import memory
     from qwen3_trainium.kernels.rules import BLOCK_SIZES, num_blocks
 
@@ -238,7 +238,7 @@ def block_note(run: RunConf) -> str:
         ffn=0, n_heads=0, n_kv_heads=0, vocab=0, num_experts=experts, top_k=top_k,
         expert_width=layer.moe.routed_experts.inner_experts.hidden_dim,
     )  # fmt: skip
-    saved = memory._blockwise_layer_bytes(run, shape, tokens) / memory.GiB
+    saved = memory.blockwise_layer_bytes(run, shape, tokens) / memory.GiB
     kept = (
         "every layer's until its backward"
         if run.activation_checkpoint.mode.value == "none"
