@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 
+from qwen3_trainium import lifeline
 from qwen3_trainium.preflight.checkpoint import latest_step
 from qwen3_trainium.schema import ParamDtype, RunConf
 
@@ -57,6 +58,7 @@ def verify(run: RunConf, run_dir: str) -> tuple[bool, str]:
         [sys.executable, "-m", "qwen3_trainium.export_check", directory, probe_path],
         capture_output=True,
         text=True,
+        preexec_fn=lifeline.preexec(os.getpid()),  # dies with the launcher
     )
     if proc.returncode != 0:
         return False, f"export check: AutoModelForCausalLM could not load {directory}:\n{proc.stderr[-2000:]}"

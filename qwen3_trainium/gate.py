@@ -20,7 +20,7 @@ import sys
 import time
 
 VERDICT_ENV = "QWEN3_TRAINIUM_VERDICT"  # the file the ranks wait for (absolute path)
-LAUNCHER_PID_ENV = "QWEN3_TRAINIUM_LAUNCHER_PID"
+LAUNCHER_PID_ENV = "QWEN3_TRAINIUM_LAUNCHER_PID"  # lifeline.PARENT_ENV: set for every torchrun
 POLL_S = 0.02
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from qwen3_trainium import devices, gate, nodes, preflight, report, runconfig, stop, titan, tracking
+from qwen3_trainium import devices, gate, lifeline, nodes, preflight, report, runconfig, stop, titan, tracking
 from qwen3_trainium.preflight import cache
 from qwen3_trainium.schema import Progress, RunConf
 from qwen3_trainium.titan import CONFIG_FUNCTION, CONFIG_MODULE, RUN_DIR_ENV
@@ -155,16 +155,22 @@ def start(argv: list[str], env: dict[str, str], *, run_dir: str, progress: bool)
 
 
 def _popen(argv: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
-    """While stop signals are handled (``stop.LauncherSignals``, see ``run_job``), torchrun runs in
-    a session of its own with SIGTERM ignored, and the launcher passes signals on (``stop.py``)."""
+    """torchrun dies with the launcher, and its ranks with it (``lifeline.py``). While stop signals
+    are handled (``stop.LauncherSignals``, see ``run_job``), torchrun runs in a session of its own
+    with SIGTERM ignored, and the launcher passes signals on (``stop.py``)."""
+    env = {**env, lifeline.PARENT_ENV: str(os.getpid())}
+    tie = lifeline.preexec(os.getpid())
     signals = stop.LauncherSignals.current
     if signals is None:
-        return subprocess.Popen(argv, env=env, **kwargs)
+        return subprocess.Popen(argv, env=env, preexec_fn=tie, **kwargs)
     env = {**env, **stop.torchrun_env(env)}
+
+    def setup() -> None:
+        tie()
+        stop.ignore_sigterm()
+
     with signals.starting(env.get(stop.REQUEST_ENV)):
-        process = subprocess.Popen(
-            argv, env=env, start_new_session=True, preexec_fn=stop.ignore_sigterm, **kwargs
-        )
+        process = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=setup, **kwargs)
         signals.attach(process)
     return process
 
@@ -175,10 +181,10 @@ def _wait(process: subprocess.Popen) -> int:
         try:
             code = process.wait(timeout=None if signals is None else stop.POLL_S)
         except subprocess.TimeoutExpired:
-            signals.tick()  # SIGKILL what outlived a fast stop signal's grace
+            signals.tick()  # after a fast stop: torchrun once its ranks left, or all at the grace's end
             continue
         if signals is not None:
-            signals.reap()  # after a fast stop, torchrun goes first: then its ranks
+            signals.reap()  # after a fast stop: any rank still unwinding
         return code
 
 
@@ -312,7 +318,6 @@ def _overlapped(run: RunConf, job: Job, checks: Preflight, argv, env, lead: bool
         **env,
         runconfig.RESOLVED_ENV: staged,
         gate.VERDICT_ENV: verdict,
-        gate.LAUNCHER_PID_ENV: str(os.getpid()),
     }
     started = _start(run, job, argv, env)
     try:

@@ -26,6 +26,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from qwen3_trainium import lifeline
+
 SAMPLES_JSON = "samples.json"
 SAMPLES_MD = "samples.md"
 
@@ -223,6 +225,7 @@ def after_run(run, run_dir: str) -> tuple[bool, str]:
         [sys.executable, "-m", "qwen3_trainium.export_check", "--generate", directory, path],
         capture_output=True,
         text=True,
+        preexec_fn=lifeline.preexec(os.getpid()),  # dies with the launcher
     )
     if proc.returncode != 0:
         return False, f"samples: AutoModelForCausalLM.generate failed on {directory}:\n{proc.stderr[-2000:]}"

@@ -14,9 +14,10 @@ Launcher side (``LauncherSignals``, installed while ``launcher.run_job`` runs a 
 - SIGTERM: ``stop_request*.json`` is written, then every rank (torchrun's children) gets
   SIGTERM; torchrun is not signalled and exits 0 once the ranks have saved and exited;
 - SIGINT, SIGHUP, SIGQUIT: torchrun is frozen (SIGSTOP, so that it starts no worker meanwhile),
-  its workers are listed, torchrun is SIGKILLed and each rank's process group (each rank leads
-  one: torch's ``SubprocessHandler._popen``, ``start_new_session=True``) gets SIGINT, which a
-  rank turns into a quiet exit. Passing the signal to torchrun instead would print its
+  its workers are listed, each rank's process group (each rank leads one: torch's
+  ``SubprocessHandler._popen``, ``start_new_session=True``) gets SIGINT, which a rank turns into
+  a quiet exit, and torchrun is SIGKILLed once they have left (before, their parent-death
+  signal, ``lifeline.py``, would SIGKILL them mid-exit). Passing the signal to torchrun instead would print its
   ``SignalException`` traceback, and the ranks' ``KeyboardInterrupt`` ones, on the user's
   terminal for a stop the user asked for. The launcher waits for the ranks; whatever is still
   alive ``KILL_AFTER_S`` later, or at a second signal, is SIGKILLed.
@@ -243,13 +244,18 @@ class LauncherSignals:
             self._fast_at = time.monotonic()
             _kill(self.process.pid, signal.SIGSTOP)
             self._ranks = child_pids(self.process.pid)
-            _kill(self.process.pid, signal.SIGKILL, group=True)
             for pid in self._ranks:
                 _kill(pid, signal.SIGINT, group=True)
 
     def tick(self) -> None:
-        """Called while waiting for torchrun: SIGKILL whatever outlived a fast signal's grace."""
-        if self._fast_at is not None and time.monotonic() - self._fast_at > KILL_AFTER_S:
+        """Called while waiting for torchrun: after a fast signal, SIGKILL the frozen torchrun once
+        its ranks have left (their parent-death signal, ``lifeline.py``, would SIGKILL a rank
+        still unwinding), or everything once the grace is over."""
+        if self._fast_at is None or self.process.returncode is not None:
+            if self._fast_at is not None and time.monotonic() - self._fast_at > KILL_AFTER_S:
+                self.kill_all()
+            return
+        if time.monotonic() - self._fast_at > KILL_AFTER_S or not any(_alive(p) for p in self._ranks):
             self.kill_all()
 
     def reap(self) -> None:

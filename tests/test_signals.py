@@ -296,3 +296,57 @@ def test_torchrun_handles_every_signal_it_did_but_sigterm():
     assert stop.torchrun_env({"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGUSR1"}) == {
         "PET_SIGNALS_TO_HANDLE": "SIGUSR1"
     }
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_sigkill_of_the_launcher_leaves_no_torchrun_and_no_rank(tmp_path, launch):
+    """SIGKILL cannot be handled: the kernel's parent-death signals (``lifeline.py``) end
+    torchrun with the launcher and each rank with torchrun."""
+    run_dir = tmp_path / "killed"
+    proc = launch(run_dir, *RUN)
+    _wait_for_step(proc, run_dir, 2)
+    tree = _descendants(proc.pid)
+    assert len(tree) >= 3, "torchrun and two ranks"
+    proc.kill()
+    proc.wait(timeout=10)
+    sent, left = time.monotonic(), _processes_of(run_dir)
+    while left and time.monotonic() - sent < 5:
+        time.sleep(0.05)
+        left = _processes_of(run_dir)
+    print(
+        f"SIGKILL of the launcher: {len(tree)} processes under it, {len(left)} left after {time.monotonic() - sent:.2f} s"
+    )
+    assert left == [], left
+
+
+def test_a_child_tied_by_lifeline_dies_with_its_parent(tmp_path):
+    """Without torchrun: a parent starts a child with ``lifeline.preexec`` and is SIGKILLed; the
+    child (which would sleep a minute) is gone at once. A child set up after its parent died
+    leaves by itself (``die_with_parent`` sees a foreign grandparent)."""
+    script = textwrap.dedent(
+        f"""
+        import os, subprocess, sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from qwen3_trainium import lifeline
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                 preexec_fn=lifeline.preexec(os.getpid()))
+        print(child.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    assert stop._alive(child)
+    parent.kill()
+    parent.wait(timeout=10)
+    deadline = time.monotonic() + 5
+    while stop._alive(child) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not stop._alive(child)
+    orphan = subprocess.run(
+        [sys.executable, "-c", "from qwen3_trainium import lifeline; lifeline.die_with_parent(); print('ran on')"],
+        cwd=ROOT, env={**os.environ, "QWEN3_TRAINIUM_LAUNCHER_PID": "1"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert orphan.returncode == 1 and "ran on" not in orphan.stdout, orphan
+    assert "torchrun ended before this rank started" in orphan.stderr

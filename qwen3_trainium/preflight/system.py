@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from qwen3_trainium import devices, memory, runconfig
+from qwen3_trainium import devices, lifeline, memory, runconfig
 from qwen3_trainium.preflight.problem import Problem
 from qwen3_trainium.schema import RunConf
 
@@ -122,7 +122,10 @@ def run_trace(run: RunConf, run_dir: str) -> tuple[dict | None, str]:
     command = [sys.executable, "-m", "qwen3_trainium.memtrace", run_dir, path]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # fake tensors compute nothing
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=run.memory.timeout, env=env)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=run.memory.timeout, env=env,
+            preexec_fn=lifeline.preexec(os.getpid()),  # a trace of minutes dies with the launcher
+        )  # fmt: skip
     except subprocess.TimeoutExpired:
         return None, f"the trace took longer than memory.timeout={run.memory.timeout} s"
     finally:
