@@ -89,7 +89,7 @@ def check_checkpoint_contents(run: RunConf, run_dir: str, trial, notes: list[str
     if hf_dir and not problems:
         problems += _hf_keys(run, trial, hf_dir, notes)
     if ckpt.enable:
-        problems += _resume_folder(os.path.join(run_dir, ckpt.folder), trial, notes)
+        problems += _resume_folder(os.path.join(run_dir, ckpt.folder), trial, notes, ckpt.load_step)
     return problems
 
 
@@ -184,17 +184,24 @@ def check_resume_kind(run: RunConf, run_dir: str) -> list[Problem]:
     return [Problem("checkpoint.folder", folder, message, fix)]
 
 
-def _resume_folder(folder: str, trial, notes: list[str]) -> list[Problem]:
+def _resume_folder(folder: str, trial, notes: list[str], load_step: int = -1) -> list[Problem]:
     latest = latest_step(folder)
     if latest is None:
         return []
     step, kind = latest
+    if load_step >= 0:
+        step, kind = load_step, "dcp"  # files.check_load_step: it exists
     step_dir = os.path.join(folder, f"step-{step}")
     if kind == "hf":
         return []  # check_resume_kind reports it
     from torch.distributed.checkpoint import FileSystemReader
 
-    saved = FileSystemReader(step_dir).read_metadata().state_dict_metadata
+    try:
+        saved = FileSystemReader(step_dir).read_metadata().state_dict_metadata
+    except Exception as err:  # a truncated or foreign .metadata: unpickling fails in many ways
+        message = f"{step_dir}/.metadata cannot be read as a DCP checkpoint ({type(err).__name__}: {err})"
+        fix = "checkpoint.load_step=<an earlier saved step>, or move the damaged step folder aside"
+        return [Problem("checkpoint.folder", folder, message, fix)]
     ours, _ = _meta_state_shapes(trial)
     wrong = sorted(
         k for k, shape in ours.items() if k not in saved or tuple(getattr(saved[k], "size", ())) != shape
