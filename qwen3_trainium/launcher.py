@@ -213,20 +213,28 @@ class Preflight:
         self.digest = None
         if run.preflight_cache:
             self.digest = cache.key(run, run_dir, launching=launching, versions=self.versions)
-        self.notes = cache.load(self.digest) if self.digest else None
-        self.cached = self.notes is not None
+        remembered = cache.load(self.digest) if self.digest else None
+        self.notes, self.facts = remembered if remembered else (None, {})
+        self.cached = remembered is not None
+        self.disk_notes: list[str] = []
 
     def problems(self) -> list:
-        if self.cached:
+        """Every problem; the free disk against the checkpoints is checked every time."""
+        if not self.cached:
+            self.notes, self.facts = [], {}
+            problems = preflight.check(
+                self.run, self.run_dir, launching=self.launching, notes=self.notes, facts=self.facts
+            )
+            if problems:
+                return problems
+            if self.digest:
+                cache.store(self.digest, self.notes, self.facts)
+        if not self.launching:
             return []
-        self.notes = []
-        problems = preflight.check(self.run, self.run_dir, launching=self.launching, notes=self.notes)
-        if self.digest and not problems:
-            cache.store(self.digest, self.notes)
-        return problems
+        return preflight.check_disk(self.run, self.run_dir, self.facts.get("params", 0), self.disk_notes)
 
     def print_notes(self) -> None:
-        for note in self.notes or []:
+        for note in (self.notes or []) + self.disk_notes:
             print(f"[qwen3-trainium] {note}", flush=True)
         if self.cached:
             print(
@@ -258,6 +266,11 @@ def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
         healthy, text = doctor.report(run, job.launch_dir, tty=sys.stdout.isatty())
         print(text)
         return ("ok", 0) if healthy else ("failed", 1)
+    machine = preflight.check_machine(
+        run, job.run_dir, launching=not run.dry_run, layout=job.choices.get("parallel", "")
+    )
+    if machine:  # with the config's own problems, if any: all of them at once
+        return _refuse(machine + preflight.check_static(run, job.run_dir, launching=not run.dry_run))
     checks = Preflight(run, job.run_dir, launching=not run.dry_run)
     overlap = (
         not run.dry_run and not checks.cached and not preflight.check_static(run, job.run_dir, launching=True)

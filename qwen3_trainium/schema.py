@@ -194,6 +194,7 @@ class LauncherConf:
     node_rank: int = -1  # this node's place (-1: SLURM_NODEID, else 0); node 0 records the job
     log_rank: int = 0  # the local rank whose output is streamed to the terminal
     progress: Progress = Progress.auto  # the live progress line (steps, loss, tokens/s, ETA)
+    oversubscribe: bool = False  # CPU: allow more processes per node than the host has cores
 
 
 @dataclass

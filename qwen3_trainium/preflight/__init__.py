@@ -31,6 +31,8 @@ from qwen3_trainium.preflight.data import (
     check_validation_path,
     needs_hub,
 )
+from qwen3_trainium.preflight.files import check_inputs, check_load_step, check_writable
+from qwen3_trainium.preflight.host import check_disk, check_host, check_trackers
 from qwen3_trainium.preflight.keys import unknown_keys
 from qwen3_trainium.preflight.model import check_model, check_model_static, kernel_notes
 from qwen3_trainium.preflight.problem import Problem, format_problems
@@ -59,6 +61,8 @@ from qwen3_trainium.schema import MemoryMode, RunConf
 __all__ = [
     "Problem",
     "check",
+    "check_disk",
+    "check_machine",
     "check_ranges",
     "check_static",
     "format_problems",
@@ -76,6 +80,17 @@ def missing_values(cfg) -> list[Problem]:
         Problem(key, "???", "a required value is not set", f"{key}=<value> on the command line")
         for key in sorted(OmegaConf.missing_keys(cfg))
     ]
+
+
+def check_machine(run: RunConf, run_dir: str, *, launching: bool, layout: str = "") -> list[Problem]:
+    """What the config cannot say: the files a run reads (whole safetensors headers, config.json's
+    architecture, the step it resumes at), the folders it writes, and, launching, this host's cores
+    and memory and the trackers asked for. Standard library only; never cached (``cache.py``):
+    files and hosts change under the same config. ``layout`` is the parallel group chosen."""
+    problems = check_inputs(run) + check_load_step(run, run_dir) + check_writable(run, run_dir)
+    if launching:
+        problems += check_host(run, layout=layout) + check_trackers(run)
+    return problems
 
 
 def check_static(run: RunConf, run_dir: str, *, launching: bool) -> list[Problem]:
@@ -100,8 +115,11 @@ def check_static(run: RunConf, run_dir: str, *, launching: bool) -> list[Problem
     )
 
 
-def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | None = None) -> list[Problem]:
-    """All problems of a resolved run config; lines worth printing when all is well go to ``notes``."""
+def check(
+    run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | None = None, facts: dict | None = None
+) -> list[Problem]:
+    """All problems of a resolved run config; lines worth printing when all is well go to ``notes``,
+    what later checks reuse (the model's parameter count) to ``facts``."""
     notes = notes if notes is not None else []
     version_problems, table = versions(run, launching=launching)
     seam_problems = check_seams(run)  # first: every check below imports torchtitan
@@ -141,12 +159,12 @@ def check(run: RunConf, run_dir: str, *, launching: bool, notes: list[str] | Non
         titan_problems, trial = check_titan(run, run_dir)
         problems += titan_problems
         if trial is not None:
-            problems += _check_shape(run, trial, notes, run_dir)
+            problems += _check_shape(run, trial, notes, run_dir, facts if facts is not None else {})
             problems += check_checkpoint_contents(run, run_dir, trial, notes)
     return problems
 
 
-def _check_shape(run: RunConf, trial, notes: list[str], run_dir: str) -> list[Problem]:
+def _check_shape(run: RunConf, trial, notes: list[str], run_dir: str, facts: dict) -> list[Problem]:
     """Degrees and memory against the model as torchtitan will build it (on the meta device);
     with memory=trace, the traced peak decides instead of the estimate."""
     import torch
@@ -156,6 +174,7 @@ def _check_shape(run: RunConf, trial, notes: list[str], run_dir: str) -> list[Pr
     with torch.device("meta"):
         model = trial.model_spec.model.build()
     shape = memory.model_shape(trial.model_spec.model, model)
+    facts["params"] = shape.params  # the disk check's (``host.check_disk``), run even when cached
     problems, arithmetic = check_degrees(run, shape)
     notes.append("parallel degrees:\n" + arithmetic)
     memory_problems, estimate = check_memory(run, shape)

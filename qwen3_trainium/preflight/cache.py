@@ -9,7 +9,8 @@ a dry run, or the same job run again, need not pay that twice. The key is a hash
 - the environment the checks read (Slurm's variables, visible devices, Hugging Face offline
   switches, ``PATH`` and ``CXX``, where Inductor's C++ compiler is looked up) and whether an
   accelerator is present.
-Only passes are stored, with their notes; a config with a problem is checked afresh every time.
+Only passes are stored, with their notes and facts (the parameter count the disk check reads);
+what a config cannot determine (files, folders, host, trackers, free disk) is checked every time; a config with a problem is checked afresh every time.
 Entries live in ``$XDG_CACHE_HOME/qwen3-trainium/preflight`` (``~/.cache`` by default);
 ``preflight_cache=false`` checks everything every time.
 """
@@ -80,22 +81,23 @@ def key(run: RunConf, run_dir: str, *, launching: bool, versions: dict[str, str 
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def load(digest: str) -> list[str] | None:
-    """The notes of a remembered pass, or None."""
+def load(digest: str) -> tuple[list[str], dict] | None:
+    """The notes and facts (``preflight.check``'s) of a remembered pass, or None."""
     try:
         with open(cache_dir() / f"{digest}.json") as f:
-            return list(json.load(f)["notes"])
+            entry = json.load(f)
+        return list(entry["notes"]), dict(entry.get("facts") or {})
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def store(digest: str, notes: list[str]) -> None:
+def store(digest: str, notes: list[str], facts: dict | None = None) -> None:
     """Remember a pass; a cache that cannot be written is only a missed speed-up."""
     directory = cache_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / f"{digest}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"notes": notes}))
+        tmp.write_text(json.dumps({"notes": notes, "facts": facts or {}}))
         os.replace(tmp, directory / f"{digest}.json")
     except OSError:
         pass

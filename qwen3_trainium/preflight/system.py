@@ -107,7 +107,11 @@ def check_memory(run: RunConf, shape: memory.ModelShape) -> tuple[list[Problem],
     )
     est = memory.estimate(run, shape, dp_shard=shard, capacity=info.memory_per_rank)
     if est.capacity and est.total > est.capacity:
-        message = f"estimated {est.total / memory.GiB:.1f} GiB per rank, over the {est.capacity / memory.GiB:.1f} GiB a rank has:\n{est.table()}"
+        has = f"the {est.capacity / memory.GiB:.1f} GiB a rank has"
+        if run.device.type.value == "cpu":
+            nproc = run.launcher.nproc_per_node
+            has += f" (this host's available memory / {nproc} ranks, less {devices.RANK_BASE_BYTES / memory.GiB:.2f} GiB each for Python and torch)"
+        message = f"estimated {est.total / memory.GiB:.1f} GiB per rank, over {has}:\n{est.table()}"
         return [Problem("memory", f"{est.total / memory.GiB:.1f} GiB", message, MEMORY_FIX)], est
     return [], est
 
