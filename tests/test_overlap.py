@@ -114,7 +114,8 @@ def test_a_torchtitan_level_refusal_after_the_ranks_started_exits_2_and_leaves_n
     (run_dir / "resolved.yaml").write_text("# the resolved.yaml of an earlier run\n")
     proc = run_launch(
         "model=native", "smoke=on", "tracking=off", "checkpoint=resume", "checkpoint.interval=1",
-        "launcher.nproc_per_node=3", "parallel.tensor_parallel_degree=3", f"hydra.run.dir={run_dir}",
+        "launcher.nproc_per_node=3", "launcher.oversubscribe=true", "parallel.tensor_parallel_degree=3",
+        f"hydra.run.dir={run_dir}",
     )  # fmt: skip
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "torchrun --nnodes=1 --nproc_per_node=3" in proc.stdout  # the ranks had started
