@@ -5,10 +5,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from qwen3_trainium import launcher, runconfig, schema, sweep
+from qwen3_trainium.parent import compose, launcher, sweep
 
-schema.register()
-runconfig.register_resolvers()
+compose.register()
+compose.register_resolvers()
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
@@ -14,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def median_tps(run_dir: Path) -> float:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    from qwen3_trainium.shared.contract import read_metrics
+
+    rows = read_metrics(str(run_dir), merge=False)
     return statistics.median(r["tokens_per_second"] for r in rows[1:])  # step 1 includes warm-up
 
 

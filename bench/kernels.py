@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qwen3_trainium import flavors  # noqa: E402
+from qwen3_trainium.config import flavors  # noqa: E402
 
 
 def _time(fn) -> float:
@@ -49,7 +49,7 @@ def side_by_side(name: str, baseline, ours, reps: int) -> None:
 def rope_pair(batch: int, seq: int, heads: int, kv_heads: int, dim: int):
     from torchtitan.models.common.rope import CosSinRoPE
 
-    from qwen3_trainium.overrides.nki import NkiRoPE
+    from qwen3_trainium.models.overrides.nki import NkiRoPE
 
     titan = CosSinRoPE(CosSinRoPE.Config(dim=dim, max_seq_len=max(4096, seq), theta=1e6))
     ours = NkiRoPE(NkiRoPE.Config(dim=dim, max_seq_len=max(4096, seq), theta=1e6))
@@ -75,7 +75,8 @@ def moe_pair(tokens: int):
     spec.model.layers = spec.model.layers[:1]
     titan_cfg = copy.deepcopy(spec.model.layers[0].moe)
     apply_overrides(
-        OverrideConfig(imports=[("qwen3_trainium.overrides.nki.moe_experts", {"block_size": 256})]), spec
+        OverrideConfig(imports=[("qwen3_trainium.models.overrides.nki.moe_experts", {"block_size": 256})]),
+        spec,
     )
     torch.manual_seed(0)
     titan, ours = MoE(titan_cfg), MoE(spec.model.layers[0].moe)

@@ -29,8 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import launch, timed  # noqa: E402
-from qwen3_trainium import runconfig  # noqa: E402
-from qwen3_trainium.launcher import rank_env, torchrun_argv  # noqa: E402
+from qwen3_trainium.config import runconfig  # noqa: E402
+from qwen3_trainium.parent.launcher import rank_env, torchrun_argv  # noqa: E402
 
 SMOKE = ["model=native", "smoke=on"]  # make smoke
 SWEEP = ["model=hf,native,nki_moe", "smoke=on"]

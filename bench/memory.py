@@ -85,7 +85,7 @@ def _gib(text: str, label: str) -> float | None:
 
 def measured(run_dir: Path) -> tuple[float, float]:
     """(peak GiB of the fullest rank, median tokens/s after step 1) from metrics.jsonl."""
-    from qwen3_trainium.report import read_metrics
+    from qwen3_trainium.parent.report import read_metrics
 
     rows = read_metrics(str(run_dir))
     peak = max(r.get("memory_max_all_ranks_gib", 0) for r in rows)
@@ -98,14 +98,12 @@ def resolved(args: list[str], path: Path) -> Path:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from qwen3_trainium import runconfig, schema
-
-    schema.register()
-    runconfig.register_resolvers()
+    compose.register()
+    compose.register_resolvers()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=args)
-    return Path(runconfig.save(runconfig.resolve(cfg, str(ROOT)), str(path.parent), path.name))
+    return Path(compose.save(compose.resolve(cfg, str(ROOT)), str(path.parent), path.name))
 
 
 def cpu_ceilings(threads: int) -> tuple[float, float, float]:
@@ -136,14 +134,14 @@ def traced(args: list[str], ranks: int, work: Path) -> dict:
     """The trace helper on this run, with this CPU's ceilings for the roofline."""
     config = resolved(args, work / "trace" / "resolved.yaml")
     ceilings = cpu_ceilings(max((os.cpu_count() or 1) // ranks, 1))
-    command = [sys.executable, "-m", "qwen3_trainium.memtrace", str(config.parent), str(config)]
+    command = [sys.executable, "-m", "qwen3_trainium.memory.trace", str(config.parent), str(config)]
     proc = subprocess.run(
         [*command, *map(str, ceilings)], cwd=ROOT, capture_output=True, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     if proc.returncode:
         raise RuntimeError(proc.stderr.strip().splitlines()[-1])
-    from qwen3_trainium.memtrace import Trace
+    from qwen3_trainium.memory.trace import Trace
 
     return Trace(**json.loads(proc.stdout.strip().splitlines()[-1]))
 

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ROOT, abba, median_tps, timed  # noqa: E402
-from qwen3_trainium import make_assets  # noqa: E402
+from qwen3_trainium.data import assets as make_assets  # noqa: E402
 
 
 def path_overrides(path: str, weights: str) -> list[str]:

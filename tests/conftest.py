@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -13,13 +15,14 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from qwen3_trainium import runconfig, schema
+from qwen3_trainium.parent import compose
+from qwen3_trainium.shared import contract
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
-schema.register()
-runconfig.register_resolvers()
+compose.register()
+compose.register_resolvers()
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +47,7 @@ def compose_cfg(*overrides: str):
 
 
 def resolve(*overrides: str):
-    return runconfig.resolve(compose_cfg(*overrides), launch_dir=str(ROOT))
+    return compose.resolve(compose_cfg(*overrides), launch_dir=str(ROOT))
 
 
 @pytest.fixture
@@ -54,7 +57,7 @@ def dry_run():
     import contextlib
     import io
 
-    from qwen3_trainium import launcher
+    from qwen3_trainium.parent import launcher
 
     def run(launch_dir, run_dir, *overrides: str):
         job = launcher.Job(run_dir=str(run_dir), launch_dir=str(launch_dir), run_name="test")
@@ -77,29 +80,78 @@ def shipped_options() -> list[tuple[str, str]]:
 SESSION_PREFLIGHT_CACHE = Path(tempfile.mkdtemp(prefix="qwen3-trainium-preflight-"))
 
 
-def run_launch(*args: str, cwd: Path = ROOT, timeout: float = 600, env: dict | None = None):
-    """``python launch.py ARGS`` as a user runs it; returns the CompletedProcess."""
-    full_env = {
+TEST_ENV = "QWEN3_TRAINIUM_TEST"  # marks every process a test launched, and their children
+_current_test = {"token": ""}
+
+
+def launch_env(env: dict | None = None) -> dict[str, str]:
+    """A user's environment, offline, with the session's pre-flight cache and this test's mark."""
+    return {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "WANDB_MODE": "offline",
         "XDG_CACHE_HOME": str(SESSION_PREFLIGHT_CACHE),
+        TEST_ENV: _current_test["token"],
         **(env or {}),
     }
-    return subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+
+
+def start_launch(*args: str, cwd: Path = ROOT, env: dict | None = None, **popen) -> subprocess.Popen:
+    """``python launch.py ARGS`` started as a user starts it; the one launch helper (the test's
+    teardown kills whatever it left running)."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), *args], cwd=cwd, env=launch_env(env), **popen
     )
+
+
+def run_launch(*args: str, cwd: Path = ROOT, timeout: float = 600, env: dict | None = None):
+    """``python launch.py ARGS`` run to the end; returns the CompletedProcess."""
+    with start_launch(
+        *args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _marked(token: str) -> list[int]:
+    """Processes whose environment carries ``TEST_ENV=token`` (a launch of this test, its children)."""
+    needle = f"{TEST_ENV}={token}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_left(request):
+    """Teardown of every launch a test made: any launcher, torchrun or rank still running is killed."""
+    _current_test["token"] = f"{os.getpid()}-{request.node.nodeid}"
+    yield
+    if sys.platform == "linux":
+        for pid in _marked(_current_test["token"]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def read_metrics(run_dir, *, merge: bool = False) -> list[dict]:
+    """``metrics.jsonl`` through the project's one reader (``shared/contract.py``)."""
+    return contract.read_metrics(str(run_dir), merge=merge)
 
 
 # On-device tests (markers neuron, gpu): collected everywhere, skipped with a reason that names the
 # device unless it is here; the figures they measure go to trn2_report.md / gpu_report.md.
 def _neuron_absent() -> str | None:
-    from qwen3_trainium import devices
+    from qwen3_trainium.config import devices
 
     if devices.detect_device_type() == "neuron":
         return None

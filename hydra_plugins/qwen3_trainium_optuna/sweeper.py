@@ -5,7 +5,7 @@ Upstream asks Optuna for the best trial after the last batch (``hydra_optuna_swe
 ``OptunaSweeperImpl.sweep``: ``study.best_trial``), and Optuna raises ``ValueError("No trials
 are completed yet.")`` when none completed (``optuna/storages/_in_memory.py``,
 ``get_best_trial``). Each failed job has printed its own reason already; the summary
-(``qwen3_trainium.sweep.SweepSummary``, run after the sweeper returns) lists them and the
+(``qwen3_trainium.parent.sweep.SweepSummary``, run after the sweeper returns) lists them and the
 multirun exits 1. It lives in the ``hydra_plugins`` namespace because Hydra instantiates
 sweepers only from there.
 """

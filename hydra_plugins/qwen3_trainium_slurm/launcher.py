@@ -138,7 +138,7 @@ class Qwen3SlurmLauncher(SlurmLauncher):
     def failed_without_result(self, job: Any, overrides: list[str], num: int, error: Exception) -> JobReturn:
         """Record the job as failed in its ``job.json`` (what the sweep summary reads) and return
         what ``launch.py`` returns for a failed job (None), so the sweep goes on."""
-        from qwen3_trainium import report
+        from qwen3_trainium.parent import report
 
         config = self._job_config(overrides, num, job.job_id)
         run_dir = os.path.abspath(os.path.join(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir)))

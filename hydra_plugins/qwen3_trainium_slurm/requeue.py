@@ -88,7 +88,7 @@ class Attempt:
 
 def trained_to_the_end(run_dir: str | None) -> bool:
     """Whether the run's metrics reached its last step (a run ended by Slurm may still have)."""
-    from qwen3_trainium import report
+    from qwen3_trainium.parent import report
 
     if not run_dir:
         return False

@@ -16,8 +16,8 @@ class DeviceReport:
         print(f"[{device}] {check}: {figure} ({verdict})")
 
     def text(self, device: str) -> str:
-        from qwen3_trainium import tracking
-        from qwen3_trainium.preflight import stack
+        from qwen3_trainium.parent import tracking
+        from qwen3_trainium.parent.preflight import stack
 
         names = [*stack.REQUIRED, *(stack.NEURON_REQUIRED if device == "neuron" else ()), "nki-library"]
         lines = [

@@ -1,6 +1,6 @@
 """``python tests/support/experts_after_forward.py RUN_DIR RESOLVED_YAML``: one training step of the
 run's model as rank 0 of its world, on torchtitan's fake process group and fake tensors (the
-trace's own build, ``memtrace.py``), watching layer 0. Prints one JSON line:
+trace's own build, ``trace.py``), watching layer 0. Prints one JSON line:
 
 - ``gathered_param_bytes_during_forward``: bytes of the tensors layer 0's forward saved for backward
   whose shape is a whole (gathered) expert parameter, at the moment they were saved;
@@ -21,16 +21,18 @@ def main(run_dir: str, resolved: str) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from qwen3_trainium import devices, memtrace, runconfig, titan, tracing
+    from qwen3_trainium.config import devices, runconfig
+    from qwen3_trainium.memory import trace, tracing
+    from qwen3_trainium.rank import titan
 
     run = runconfig.load(resolved)
     devices.install_rank_device("cpu")
     world = runconfig.degrees(run).world
-    memtrace._fake_world(world)
+    trace._fake_world(world)
     config = titan.to_trainer_config(run, run_dir)
-    parallel_dims, model_config, model, _ = memtrace._build(config, world)
+    parallel_dims, model_config, model, _ = trace._build(config, world)
     loss_fn = config.loss.build(compile_config=config.compile)
-    rank = memtrace._Rank(config, parallel_dims, model_config, model, loss_fn)
+    rank = trace._Rank(config, parallel_dims, model_config, model, loss_fn)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     batch = rank.batch(fake_mode)
     experts = model.layers["0"].moe.routed_experts.inner_experts
@@ -58,7 +60,7 @@ def main(run_dir: str, resolved: str) -> dict:
     model.layers["1"].register_forward_pre_hook(after_layer_0)
     with fake_mode:
         model.to_empty(device="cpu")
-        memtrace._init_weights(model)
+        trace._init_weights(model)
         model.train()
         loss_fn.set_lm_head(model.lm_head)
         model._skip_lm_head = True

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import torch
 
-from qwen3_trainium.kernels import moe, moe_nki, neuron, rope
+from qwen3_trainium.models.kernels import moe, moe_nki, neuron, rope
 
 
 class GridKernel:

@@ -1,0 +1,98 @@
+"""The closed choices of the config schema (``schema.py``): one Enum per choice, the source of
+each set of values beside it.
+"""
+
+from enum import Enum
+
+
+class ModelPath(Enum):
+    native = "native"
+    hf = "hf"
+    nki_moe = "nki_moe"
+
+
+class AttnBackend(Enum):
+    auto = "auto"  # sdpa on cpu and neuron, flex on cuda
+    sdpa = "sdpa"  # causal SDPA with per-document masking (ours; trains on every device)
+    flex = "flex"  # torchtitan FlexAttention (no backward on CPU)
+    varlen = "varlen"  # torchtitan VarlenAttention (needs CUDA flash attention)
+
+
+class DeviceType(Enum):
+    auto = "auto"  # neuron, then cuda, then cpu
+    cpu = "cpu"
+    cuda = "cuda"
+    neuron = "neuron"
+
+
+class Dtype(Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class ParamDtype(Enum):
+    auto = "auto"  # float32 on cpu (bf16 buys nothing there), bfloat16 elsewhere
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class Progress(Enum):
+    auto = "auto"  # a live progress line when stdout is a terminal, else rank 0's log streams
+    on = "on"  # always the progress line (rank logs only in <run_dir>/logs)
+    off = "off"  # always stream rank 0's log
+
+
+class CompileBackend(Enum):
+    auto = "auto"  # neuron on Neuron, inductor on CPU and CUDA
+    inductor = "inductor"  # CPU (needs a C++ compiler) and CUDA
+    neuron = "neuron"  # torch-neuronx's backend (AWS's Trainium throughput setting)
+    aot_eager = "aot_eager"  # traced, run eagerly: debugging a compile failure, any device
+    eager = "eager"  # Dynamo only: debugging, any device
+
+
+class CompileComponent(Enum):
+    model = "model"  # each TransformerBlock, fullgraph
+    loss = "loss"
+
+
+class MemoryMode(Enum):
+    # the estimate where it is calibrated against the trace (within 15% on every trn2 line of the
+    # README), else the trace: model=hf on Neuron (Transformers' modules, not modelled tensor by tensor)
+    auto = "auto"
+    estimate = "estimate"  # by hand from the model's shape: milliseconds (memory.py)
+    trace = "trace"  # two steps traced under FakeTensorMode on a fake world: seconds (memory/trace.py)
+
+
+class ACMode(Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+# Closed choices whose spellings are not Python names ("for-loop", "1F1B", "async") use Enum's
+# functional form: OmegaConf matches a string against member names, so name == value here.
+def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
+    return Enum(name, [(v, v) for v in values], module=__name__, qualname=name)
+
+
+# torchtitan components/optimizer/optimizer.py: OptimizersContainer._resolve_optimizer_factory
+# (DistMuon is left out: it takes other arguments than the AdamW ones this schema passes).
+OptimizerName = _choices("OptimizerName", ("AdamW", "Adam"))
+# torchtitan components/optimizer/optimizer.py: OptimizersContainer.Config.implementation (Literal)
+OptimizerImpl = _choices("OptimizerImpl", ("fused", "foreach", "for-loop", "fused_opt_states_bf16"))
+# torchtitan components/optimizer/lr_scheduler.py: LRSchedulersContainer.Config.decay_type (Literal)
+DecayType = _choices("DecayType", ("linear", "sqrt", "cosine"))
+# torchtitan config/configs.py: ParallelismConfig.fsdp_reshard_after_forward (Literal)
+ReshardAfterForward = _choices("ReshardAfterForward", ("default", "always", "never"))
+# torch distributed/pipelining/schedules.py: get_schedule_class's schedule_map
+PipelineSchedule = _choices(
+    "PipelineSchedule",
+    ("1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"),
+)
+# torchtitan components/checkpointer/base.py: export_dtype; dcp.py: async_mode (both Literal)
+ExportDtype = _choices("ExportDtype", ("float32", "bfloat16", "float16"))
+AsyncMode = _choices("AsyncMode", ("disabled", "async", "async_with_pinned_mem"))
+# torchrun --rdzv_backend (torch distributed/elastic/rendezvous/registry.py)
+RdzvBackend = _choices("RdzvBackend", ("c10d", "static", "etcd", "etcd-v2"))
+# W&B's WANDB_MODE values, plus auto: online when WANDB_API_KEY is set, else offline
+WandbMode = _choices("WandbMode", ("auto", "online", "offline", "disabled"))

@@ -1,0 +1,214 @@
+"""Make the embedded default assets: a small text corpus and a byte-level BPE tokenizer.
+
+The default job must run with no network, so the project ships what it trains on. This
+module regenerates both deterministically (``python -m qwen3_trainium.make_assets``); the
+committed files under ``qwen3_trainium/data/`` are its output.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+DATA_DIR = Path(__file__).parent
+CORPUS_DIR = DATA_DIR / "corpus"
+TOKENIZER_DIR = DATA_DIR / "tokenizer"
+HF_TINY_DIR = DATA_DIR / "hf" / "qwen3-tiny"  # generated, not committed (make assets / on first use)
+HF_TINY_MOE_DIR = DATA_DIR / "hf" / "qwen3-tiny-moe"  # a Qwen3MoeForCausalLM of tiny_moe's shape
+VOCAB_SIZE = 512
+EOS = "<|endoftext|>"
+SPECIAL_TOKENS = [EOS, "<|im_start|>", "<|im_end|>"]
+
+_NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi"]
+_THINGS = ["apples", "books", "coins", "pencils", "stones", "shells", "cards", "cups"]
+_NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+_CAPITALS = {
+    "France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Spain": "Madrid",
+    "Egypt": "Cairo", "Peru": "Lima", "Kenya": "Nairobi", "Norway": "Oslo",
+}  # fmt: skip
+
+
+def _story(rng: random.Random) -> str:
+    a, b = rng.sample(_NAMES, 2)
+    thing = rng.choice(_THINGS)
+    x, y = rng.randint(1, 9), rng.randint(1, 9)
+    return f"{a} has {x} {thing}. {b} gives {a} {y} more {thing}. Now {a} has {x + y} {thing}."
+
+
+def _counting(rng: random.Random) -> str:
+    start = rng.randint(0, 5)
+    return " ".join(_NUMBERS[start : start + rng.randint(3, 5)]) + "."
+
+
+def _capital(rng: random.Random) -> str:
+    country = rng.choice(sorted(_CAPITALS))
+    return f"The capital of {country} is {_CAPITALS[country]}."
+
+
+def _arithmetic(rng: random.Random) -> str:
+    x, y = rng.randint(0, 20), rng.randint(0, 20)
+    return f"{x} plus {y} is {x + y}. {x + y} minus {y} is {x}."
+
+
+def make_corpus(num_docs: int = 4000, seed: int = 0) -> list[str]:
+    """Documents of 1-4 templated sentences: structured enough that loss falls fast."""
+    rng = random.Random(seed)
+    makers = [_story, _counting, _capital, _arithmetic]
+    return [" ".join(rng.choice(makers)(rng) for _ in range(rng.randint(1, 4))) for _ in range(num_docs)]
+
+
+VALIDATION_SEED = 1
+VALIDATION_CANDIDATES = 2000
+
+
+def make_validation(train_docs: list[str]) -> list[str]:
+    """The corpus's held-out slice (``validation.jsonl``): documents of the same kinds, drawn with
+    another seed, less every one that is also a training document, so that eval=on's
+    ``val_loss`` is measured on text the training stream never sees."""
+    seen = set(train_docs)
+    return [d for d in make_corpus(VALIDATION_CANDIDATES, seed=VALIDATION_SEED) if d not in seen]
+
+
+def train_tokenizer(docs: list[str], out_dir: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(docs, trainer=trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": EOS,
+        "pad_token": EOS,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "model_max_length": 40960,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def make_hf_model(out_dir: Path = HF_TINY_DIR, seed: int = 0, moe: bool = False) -> Path:
+    """A random-init Qwen3 with the ``tiny`` flavor's dimensions, saved as a complete HF
+    checkpoint directory (config.json, model.safetensors, tokenizer files). Deterministic.
+
+    Made in a fresh Python process: building torchtitan's HF backend model patches Transformers'
+    weight init for the rest of a process, which would change the weights."""
+    import subprocess
+    import sys
+
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwen3_trainium.data.assets",
+            "--hf-model",
+            str(out_dir),
+            str(seed),
+            *(["moe"] if moe else []),
+        ],
+        check=True,
+    )
+    return out_dir
+
+
+def _make_hf_model_here(out_dir: Path, seed: int, moe: bool = False) -> None:
+    import shutil
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
+
+    from qwen3_trainium.config.flavors import TINY_DIMS, TINY_MOE_DIMS
+
+    dims = TINY_DIMS
+    from tokenizers import Tokenizer
+
+    eos_id = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json")).token_to_id(EOS)
+    moe_fields = dict(
+        num_experts=TINY_MOE_DIMS["num_experts"], num_experts_per_tok=TINY_MOE_DIMS["top_k"],
+        moe_intermediate_size=TINY_MOE_DIMS["moe_hidden"], norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )  # fmt: skip
+    config = (Qwen3MoeConfig if moe else Qwen3Config)(
+        **(moe_fields if moe else {}),
+        vocab_size=dims["vocab"],
+        hidden_size=dims["dim"],
+        intermediate_size=dims["hidden"],
+        num_hidden_layers=dims["n_layers"],
+        num_attention_heads=dims["n_heads"],
+        num_key_value_heads=dims["n_kv_heads"],
+        head_dim=dims["head_dim"],
+        max_position_embeddings=dims["max_seq_len"],
+        rope_parameters={"rope_type": "default", "rope_theta": dims["rope_theta"]},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=not moe,  # as the tiny and tiny_moe flavors
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        initializer_range=0.02,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    # Write beside the target, then rename: a half-written directory is never seen as done.
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out_dir.parent))
+    model.save_pretrained(tmp)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOKENIZER_DIR / name, tmp / name)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+
+
+def ensure_hf_model() -> Path:
+    """The embedded tiny HF model directory, made on first use."""
+    if not (HF_TINY_DIR / "model.safetensors").is_file():
+        make_hf_model()
+    return HF_TINY_DIR
+
+
+def ensure_hf_moe_model() -> Path:
+    """A Qwen3MoeForCausalLM with tiny_moe's shape, saved by Transformers (the Hub's per-expert
+    layout, ``num_local_experts``), made on first use."""
+    if not (HF_TINY_MOE_DIR / "model.safetensors").is_file():
+        make_hf_model(HF_TINY_MOE_DIR, seed=0, moe=True)
+    return HF_TINY_MOE_DIR
+
+
+def main() -> None:
+    docs = make_corpus()
+    CORPUS_DIR.mkdir(parents=True, exist_ok=True)
+    held_out = make_validation(docs)
+    for name, records in (("train.jsonl", docs), ("validation.jsonl", held_out)):
+        with open(CORPUS_DIR / name, "w") as f:
+            for doc in records:
+                f.write(json.dumps({"text": doc}) + "\n")
+    train_tokenizer(docs, TOKENIZER_DIR)
+    make_hf_model()
+    print(
+        f"wrote {len(docs)} training and {len(held_out)} held-out documents to {CORPUS_DIR}, a tokenizer to {TOKENIZER_DIR}, a tiny HF Qwen3 to {HF_TINY_DIR}"
+    )
+
+
+def cli(argv: list[str] | None = None) -> None:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--hf-model"]:
+        _make_hf_model_here(Path(argv[1]), int(argv[2]), moe=argv[3:4] == ["moe"])
+    else:
+        main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,155 @@
+"""Convert a torchtitan (DCP) checkpoint step between the two layouts of Qwen3-MoE's experts.
+
+    python -m qwen3_trainium.convert_experts RUN_DIR/checkpoint/step-N [--to fused|torchtitan]
+
+``model=nki_moe`` stores each layer's experts in the NKI kernels' layout (``gate_up_ED2F``,
+``down_EFD``: ``overrides/blockwise_experts.py``); torchtitan's grouped experts (``model=native``,
+and ``model=nki_moe`` before that layout) store ``w1_EFD`` / ``w2_EDF`` / ``w3_EFD``. A step
+written in one layout does not resume in the other: pre-flight refuses it and names this command.
+It rewrites the model's expert tensors and their AdamW states (``exp_avg``, ``exp_avg_sq``,
+``step``, the parameter-group fields); everything else (the data position, RNG, LR schedule,
+train state) is copied as it is, so the resumed run continues exactly.
+
+The step is converted in place; the original moves to ``<checkpoint folder>.<layout>/step-N``
+beside the folder, out of torchtitan's reach (it resumes from the newest ``step-N`` it finds).
+It needs the whole step in host memory (a trn2.48xlarge holds 2 TiB; Qwen3-30B-A3B's full
+training state is about 0.5 TB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import warnings
+
+FUSED, TITAN = "fused", "torchtitan"
+_TITAN_KEY = re.compile(r"^(?P<head>.*\.inner_experts)\.(?P<param>w1_EFD|w2_EDF|w3_EFD)(?P<tail>\..*)?$")
+_FUSED_KEY = re.compile(r"^(?P<head>.*\.inner_experts)\.(?P<param>gate_up_ED2F|down_EFD)(?P<tail>\..*)?$")
+
+
+def layout_of(keys) -> str | None:
+    """``fused``, ``torchtitan`` or None (no routed experts) from a checkpoint's flat keys."""
+    for key in keys:
+        if _FUSED_KEY.match(key):
+            return FUSED
+        if _TITAN_KEY.match(key):
+            return TITAN
+    return None
+
+
+def _is_expert_tensor(value) -> bool:
+    return hasattr(value, "dim") and value.dim() >= 3  # a weight or its AdamW moment, not a step
+
+
+def to_fused(flat: dict) -> dict:
+    """Flat checkpoint keys in torchtitan's layout -> the fused one (values converted)."""
+    import torch
+
+    out = {}
+    for key, value in flat.items():
+        m = _TITAN_KEY.match(key)
+        if not m:
+            out[key] = value
+            continue
+        head, param, tail = m["head"], m["param"], m["tail"] or ""
+        if param == "w1_EFD":
+            if _is_expert_tensor(value):
+                up = flat[f"{head}.w3_EFD{tail}"]
+                value = torch.stack([value.transpose(1, 2), up.transpose(1, 2)], dim=2).contiguous()
+            out[f"{head}.gate_up_ED2F{tail}"] = value
+        elif param == "w2_EDF":
+            out[f"{head}.down_EFD{tail}"] = (
+                value.transpose(1, 2).contiguous() if _is_expert_tensor(value) else value
+            )
+    return out
+
+
+def to_titan(flat: dict) -> dict:
+    """Flat checkpoint keys in the fused layout -> torchtitan's (values converted)."""
+    out = {}
+    for key, value in flat.items():
+        m = _FUSED_KEY.match(key)
+        if not m:
+            out[key] = value
+            continue
+        head, param, tail = m["head"], m["param"], m["tail"] or ""
+        expert = _is_expert_tensor(value)
+        if param == "gate_up_ED2F":
+            for index, name in enumerate(("w1_EFD", "w3_EFD")):
+                part = value[:, :, index, :].transpose(1, 2).contiguous() if expert else value
+                out[f"{head}.{name}{tail}"] = part
+        else:
+            out[f"{head}.w2_EDF{tail}"] = value.transpose(1, 2).contiguous() if expert else value
+    return out
+
+
+_SOURCE = {"gate_up_ED2F": "w1_EFD", "down_EFD": "w2_EDF", "w1_EFD": "gate_up_ED2F", "w3_EFD": "gate_up_ED2F",
+           "w2_EDF": "down_EFD"}  # fmt: skip
+
+
+def _path(key: str, mapping: dict) -> tuple:
+    """The nested-dict path of a converted key: its source key's, the parameter renamed."""
+    m = _TITAN_KEY.match(key) or _FUSED_KEY.match(key)
+    if m is None:
+        return mapping[key]
+    old, new = _SOURCE[m["param"]], m["param"]
+    source = f"{m['head']}.{old}{m['tail'] or ''}"
+    return tuple(p.replace(old, new) if isinstance(p, str) else p for p in mapping[source])
+
+
+def convert(step_dir: str, to: str) -> str:
+    """Rewrite ``step_dir`` in layout ``to``; returns where the original went."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    step_dir = os.path.abspath(step_dir)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        nested = _load_state_dict_from_keys(checkpoint_id=step_dir)
+    flat, mapping = flatten_state_dict(nested)
+    have = layout_of(flat)
+    if have is None:
+        raise ValueError(f"{step_dir} holds no routed experts: nothing to convert")
+    if have == to:
+        raise ValueError(f"{step_dir} is already in the {to} layout")
+    converted = (to_fused if to == FUSED else to_titan)(flat)
+    new_mapping = {key: _path(key, mapping) for key in converted}
+    folder, step = os.path.split(step_dir)
+    keep = os.path.join(f"{folder}.{have}", step)
+    staging = f"{step_dir}.converting"
+    shutil.rmtree(staging, ignore_errors=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(unflatten_state_dict(converted, new_mapping), checkpoint_id=staging, no_dist=True)
+    os.makedirs(os.path.dirname(keep), exist_ok=True)
+    os.replace(step_dir, keep)
+    os.replace(staging, step_dir)
+    return keep
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step_dir", help="a checkpoint step directory (RUN_DIR/checkpoint/step-N)")
+    parser.add_argument("--to", choices=(FUSED, TITAN), default=FUSED,
+                        help="fused: for model=nki_moe (default); torchtitan: for model=native")  # fmt: skip
+    args = parser.parse_args(argv)
+    if not os.path.isfile(os.path.join(args.step_dir, ".metadata")):
+        print(
+            f"convert_experts: {args.step_dir} is not a DCP checkpoint step (no .metadata)", file=sys.stderr
+        )
+        return 2
+    try:
+        keep = convert(args.step_dir, args.to)
+    except ValueError as err:
+        print(f"convert_experts: {err}", file=sys.stderr)
+        return 2
+    print(f"{args.step_dir}: experts converted to the {args.to} layout; the original is in {keep}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

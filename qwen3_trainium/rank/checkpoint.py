@@ -1,0 +1,249 @@
+"""torchtitan's checkpointer plus what it leaves out: RNG state, complete HF exports, a probe.
+
+``Qwen3CheckpointManager`` (a ``CheckpointManager`` subclass with its own ``Config``, torchtitan's
+extension point) adds:
+- ``rng``: every rank's torch / Python / NumPy RNG state, so a resumed run continues the same
+  random streams (torchtitan saves none);
+- ``save_at_stop``: a full checkpoint at the step a stop signal ends the run on, off the
+  ``interval`` (it widens the private ``_should_save`` for that one call);
+- after a ``last_save_in_hf`` export: the files and sharding that make the step directory a
+  drop-in HF model directory (``hf_export.py``), and the logits of the trained model (weights
+  rounded to the export dtype) on a fixed probe batch (``export_probe.pt``), which the launcher
+  compares with ``AutoModelForCausalLM.from_pretrained`` of the export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torchtitan.components.checkpoint import CheckpointManager
+
+from qwen3_trainium.models.hf_export import complete_hf_export, parse_size, reshard
+
+PROBE_TEXT = (
+    "Alice has 3 apples. Bob gives Alice 2 more apples. Now Alice has 5 apples. The capital of Peru is Lima."
+)
+
+
+class RngState:
+    """Stateful: this rank's RNG streams, keyed by rank so each rank restores its own."""
+
+    def _key(self) -> str:
+        return f"rank_{dist.get_rank() if dist.is_initialized() else 0}"
+
+    def state_dict(self) -> dict:
+        state = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+        return {self._key(): pickle.dumps(state)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        blob = state_dict.get(self._key())
+        if blob is None:
+            return  # saved by a different world size: keep this run's streams
+        torch_state, py_state, np_state = pickle.loads(blob)
+        torch.set_rng_state(torch_state)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+
+
+class Qwen3CheckpointManager(CheckpointManager):
+    @dataclass(kw_only=True, slots=True)
+    class Config(CheckpointManager.Config):
+        save_rng: bool = True
+        hf_config_json: str = ""
+        """config.json text written into an HF export (empty: no export completion)."""
+
+        tokenizer_dir: str = ""
+        """Where the tokenizer files copied into an HF export come from."""
+
+        probe_path: str = ""
+        """Where to save the trained model's logits on the probe batch (empty: no probe)."""
+
+        source_dir: str = ""
+        """The HF directory the run started from: its generation_config.json goes into the export."""
+
+        hf_max_shard_size: str = "5GB"
+        """The export's safetensors files are at most this large (more: shards plus the index)."""
+
+    def __init__(self, config: Config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        if not self.enable:
+            return
+        if config.save_rng:
+            self.states["rng"] = RngState()
+        self._export = config
+        self._saved_step: int | None = None
+        self._save_now = False
+
+    def save_at_stop(self, curr_step: int) -> bool:
+        """Save a resumable checkpoint of ``curr_step`` now, whatever ``interval`` is (a stop
+        signal, ``trainer.py``), and wait until it is on disk. False when nothing is saved."""
+        if not self.enable or self.load_only:
+            return False
+        if self._saved_step != curr_step:  # else the interval or last-step save of this step ran
+            self._save_now = True
+            try:
+                self.save(curr_step)
+            finally:
+                self._save_now = False
+        self.maybe_wait_for_saving()  # an async save must be written before the rank exits
+        return self._saved_step == curr_step
+
+    def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
+        # torchtitan/components/checkpointer/dcp.py: ``_save`` returns at once unless this says
+        # yes (interval, last step, first step); a stop's save is none of those
+        return self._save_now or super()._should_save(curr_step, last_step)
+
+    def _save(self, curr_step: int, last_step: bool = False) -> bool:
+        saved = super()._save(curr_step, last_step)
+        if saved:
+            self._saved_step = curr_step
+        return saved
+
+    def _save_last_step(self, curr_step: int) -> None:
+        config_json = self._export.hf_config_json if self.last_save_in_hf else ""
+        if self.last_save_in_hf and self._untied_but_declared_tied():
+            # torchtitan's HF backend un-ties embedding and lm_head for FSDP, so both train; the
+            # adapter would still drop lm_head as "tied" and the export would lose it.
+            self.sd_adapter._tie_word_embeddings = False
+            config_json = (
+                json.dumps({**json.loads(config_json), "tie_word_embeddings": False}, indent=2) + "\n"
+            )
+        super()._save_last_step(curr_step)
+        if not self.last_save_in_hf:
+            return
+        export_dir = self._create_checkpoint_id(curr_step)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            complete_hf_export(export_dir, config_json, self._export.tokenizer_dir, self._export.source_dir)
+            reshard(export_dir, parse_size(self._export.hf_max_shard_size))
+        if self._export.probe_path:
+            model = self.states["model"].model[0]
+            save_probe(model, self._export.tokenizer_dir, self._export.probe_path, self._export.export_dtype)
+
+    def _untied_but_declared_tied(self) -> bool:
+        model = self.states["model"].model[0]
+        head, embed = getattr(model, "lm_head", None), getattr(model, "tok_embeddings", None)
+        if not getattr(self.sd_adapter, "_tie_word_embeddings", False) or head is None or embed is None:
+            return False
+        return head.weight is not embed.weight
+
+
+def probe_tokens(tokenizer_dir: str) -> torch.Tensor:
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json")).encode(PROBE_TEXT).ids
+    return torch.tensor([ids], dtype=torch.long)
+
+
+PROBE_MULTIPLE = 256  # rope_hf's rule at LNC=2 (128 x LNC); causal, so the padding changes nothing before it
+
+
+@torch.no_grad()
+def model_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits of a torchtitan model (native Decoder or HF backend) on one document. The document
+    is padded to a multiple of 256 tokens (model=nki_moe's rope_hf needs it) and the logits of
+    the padding dropped: attention is causal, so the rest are those of the document alone."""
+    device = next(model.parameters()).device
+    length = tokens.shape[1]
+    padded = torch.nn.functional.pad(tokens, (0, -length % PROBE_MULTIPLE)).to(device)
+    positions = torch.arange(padded.shape[1], device=device).unsqueeze(0)
+    kwargs = {"positions": positions}
+    if hasattr(model, "get_attention_masks") and not hasattr(model, "model"):  # native Decoder
+        kwargs["attention_masks"] = model.get_attention_masks(positions)
+    was_training, skip_lm_head = model.training, getattr(model, "_skip_lm_head", False)
+    model.eval()
+    model._skip_lm_head = False  # the chunked loss applies lm_head itself during training
+    try:
+        out = model(padded, **kwargs)
+    finally:
+        model.train(was_training)
+        model._skip_lm_head = skip_lm_head
+    return (out.full_tensor() if hasattr(out, "full_tensor") else out)[:, :length].float().cpu()
+
+
+class rounded_weights:
+    """Within: every floating parameter holds its value rounded to ``dtype`` (what an export in that
+    dtype carries), computed in its own dtype; the exact values come back on exit."""
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
+        self.params = [p for p in model.parameters() if p.is_floating_point() and p.dtype != dtype]
+        self.dtype, self.saved = dtype, []
+
+    @staticmethod
+    def _local(p):
+        return p.to_local() if hasattr(p, "to_local") else p.data
+
+    def __enter__(self):
+        with torch.no_grad():
+            for p in self.params:
+                local = self._local(p)
+                self.saved.append(local.clone())
+                local.copy_(local.to(self.dtype).to(local.dtype))
+        return self
+
+    def __exit__(self, *exc):
+        with torch.no_grad():
+            for p, value in zip(self.params, self.saved, strict=True):
+                self._local(p).copy_(value)
+        self.saved.clear()
+
+
+def save_probe(model: torch.nn.Module, tokenizer_dir: str, path: str, export_dtype: str = "float32") -> None:
+    """Every rank runs the forward (FSDP gathers) with the weights as the export holds them
+    (rounded to ``export_dtype``); rank 0 writes tokens and logits."""
+    tokens = probe_tokens(tokenizer_dir)
+    with rounded_weights(model, getattr(torch, export_dtype)):
+        logits = model_logits(model, tokens)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        torch.save({"tokens": tokens, "logits": logits}, path)
+
+
+def hf_config_dict(model_config, max_position_embeddings: int) -> dict:
+    """An HF ``config.json`` for a torchtitan Qwen3 model config (dense or MoE)."""
+    first = model_config.layers[0]
+    attn = first.attention
+    head_dim = attn.head_dim or model_config.dim // attn.n_heads
+    cfg = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": model_config.vocab_size,
+        "hidden_size": model_config.dim,
+        "num_hidden_layers": len(model_config.layers),
+        "num_attention_heads": attn.n_heads,
+        "num_key_value_heads": attn.n_kv_heads or attn.n_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": max_position_embeddings,
+        "rope_parameters": {"rope_type": "default", "rope_theta": attn.rope.theta},
+        "rms_norm_eps": attn.qk_norm.eps if attn.qk_norm is not None else 1e-6,
+        "tie_word_embeddings": model_config.enable_weight_tying,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "torch_dtype": "float32",
+    }
+    moe = getattr(first, "moe", None)
+    if moe is not None:
+        router, experts = moe.router, moe.routed_experts.inner_experts
+        cfg.update(
+            architectures=["Qwen3MoeForCausalLM"],
+            model_type="qwen3_moe",
+            num_experts=moe.num_experts,
+            num_experts_per_tok=router.top_k,
+            moe_intermediate_size=experts.hidden_dim,
+            norm_topk_prob=router.route_norm,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            intermediate_size=experts.hidden_dim,
+        )
+    else:
+        cfg["intermediate_size"] = first.feed_forward.w1.out_features
+    return cfg
+
+
+def hf_config_json(model_config, max_position_embeddings: int) -> str:
+    return json.dumps(hf_config_dict(model_config, max_position_embeddings), indent=2) + "\n"

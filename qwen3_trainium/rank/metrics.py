@@ -1,0 +1,208 @@
+"""``metrics.jsonl``: one JSON object per logged step, written by the metrics rank.
+
+A ``MetricsProcessor`` subclass (torchtitan's own extension point) that adds a JSONL
+logger beside W&B / TensorBoard. The file is what the launcher, the tests, the benchmarks and
+sweep summaries read; it does not depend on any tracking service.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torchtitan.components.metrics import (
+    BaseLogger,
+    LoggerContainer,
+    MetricsProcessor,
+    _get_metrics_rank,
+)
+from torchtitan.tools.logging import logger
+
+VAL_PERPLEXITY = "validation_metrics/perplexity"
+
+# torchtitan metric key -> metrics.jsonl key
+JSONL_KEYS = {
+    "loss_metrics/global_avg_loss": "loss",
+    "loss_metrics/global_max_loss": "max_loss",
+    "grad_norm": "grad_norm",
+    "throughput(tps)": "tokens_per_second",
+    "tflops": "tflops",
+    "mfu(%)": "mfu_pct",
+    "time_metrics/end_to_end(s)": "step_time_s",
+    "memory/max_active(GiB)": "memory_max_active_gib",
+    "memory/max_reserved(GiB)": "memory_max_reserved_gib",
+    "n_tokens_seen": "tokens_seen",
+    "memory/max_reserved_all_ranks(GiB)": "memory_max_all_ranks_gib",
+    "memory/capacity(GiB)": "memory_capacity_gib",
+    "memory/neuron_driver_total(GiB)": "neuron_driver_total_gib",
+    "memory/neuron_driver_peak(GiB)": "neuron_driver_peak_gib",
+    # eval=on: torchtitan's Validator (log_validation), at the eval steps
+    "validation_metrics/loss": "val_loss",
+    VAL_PERPLEXITY: "val_perplexity",
+}
+WARN_FRACTION = 0.9
+NEURON_SYSFS = "/sys/devices/virtual/neuron_device"
+CORES_PER_CHIP = 8  # physical NeuronCore-v3 per Trainium2 chip
+
+
+def neuron_driver_memory(local_rank: int, lnc: int, root: str = NEURON_SYSFS) -> dict[str, float] | None:
+    """Driver-level device memory (GiB) of this rank's physical cores, where the sysfs is readable."""
+    total = peak = 0
+    for physical in range(local_rank * lnc, (local_rank + 1) * lnc):
+        chip, core = divmod(physical, CORES_PER_CHIP)
+        base = os.path.join(
+            root, f"neuron{chip}", f"neuron_core{core}", "stats", "memory_usage", "device_mem"
+        )
+        try:
+            with open(os.path.join(base, "total")) as f:
+                total += int(f.read().split()[0])
+            with open(os.path.join(base, "peak")) as f:
+                peak += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+    return {"memory/neuron_driver_total(GiB)": total / 2**30, "memory/neuron_driver_peak(GiB)": peak / 2**30}
+
+
+class JsonlLogger(BaseLogger):
+    def __init__(self, path: str, *, report_mfu: bool) -> None:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self._file = open(path, "a", buffering=1)
+        self._report_mfu = report_mfu
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        row: dict[str, Any] = {"step": step, "time": time.time()}
+        for key, name in JSONL_KEYS.items():
+            if key not in metrics or (name == "mfu_pct" and not self._report_mfu):
+                continue
+            value = metrics[key]
+            row[name] = float(value) if isinstance(value, (int, float)) else value
+            if isinstance(row[name], float) and not math.isfinite(row[name]):
+                row[name] = str(row[name])
+        self._file.write(json.dumps(row) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class WandbRunLogger(BaseLogger):
+    """One W&B run per run directory: the resolved config (every group) as its config, name,
+    stable id, group and tags from ``resolved.yaml``, the versions and git commit of
+    ``job.json`` in its summary. ``resume="allow"``: a resumed run continues its history."""
+
+    def __init__(self, run_dir: str) -> None:
+        import wandb
+        import yaml
+
+        from qwen3_trainium.config import runconfig
+        from qwen3_trainium.shared import contract
+
+        path = os.path.join(run_dir, runconfig.RESOLVED_NAME)
+        run = runconfig.load(path)
+        with open(path) as f:
+            config = yaml.safe_load(f)  # every group, enums by name: what OmegaConf wrote
+        job = contract.read_json(os.path.join(run_dir, contract.JOB_NAME))
+        track = run.tracking
+        self._run = wandb.init(
+            project=track.project,
+            name=run.run_name,
+            id=track.run_id or None,
+            group=track.group or None,
+            tags=track.tags,
+            config=config,
+            dir=run_dir,
+            resume="allow",
+        )
+        self._run.summary.update(
+            {"versions": job.get("versions", {}), "git_commit": job.get("git_commit", "")}
+        )
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self._run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class JsonlMetricsProcessor(MetricsProcessor):
+    """torchtitan's metrics processor plus ``metrics.jsonl`` on the metrics rank."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(MetricsProcessor.Config):
+        jsonl_path: str = ""
+        """Where to write metrics.jsonl; empty disables it."""
+
+        report_mfu: bool = True
+        """False where torchtitan's peak-FLOPS table has no entry (CPU): MFU is n/a."""
+
+        peak_flops_per_rank: float = 0.0
+        """BF16 peak of one rank for MFU, from this project's device table (Neuron: per logical
+        core at the LNC in use); 0 keeps torchtitan's own table (CUDA)."""
+
+        memory_capacity_gib: float = 0.0
+        """Device memory per rank; above 90% of it a warning is logged once (0: unknown)."""
+
+        wandb_run_dir: str = ""
+        """Log to W&B as the run of this directory (``WandbRunLogger``); empty: no W&B."""
+
+    def __init__(self, config: Config, **kwargs):
+        super().__init__(config, **kwargs)
+        if not config.report_mfu:
+            self.has_quantization = True  # torchtitan's own switch for "MFU: N/A"
+        if config.peak_flops_per_rank > 0:
+            # torchtitan's table has one trn2 figure (2 x 79 TFLOPS) whatever the LNC; ours follows it.
+            self.gpu_peak_flops = config.peak_flops_per_rank
+        self._warned_memory = False
+
+    def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+        """torchtitan's log, plus the peak memory of the fullest rank (a MAX all-reduce)."""
+        from torchtitan.tools import utils
+
+        peak = self.device_memory_monitor.get_peak_stats().max_reserved_gib
+        if torch.distributed.is_initialized():
+            value = torch.tensor([peak], dtype=torch.float64, device=utils.device_type)
+            torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+            peak = float(value.item())
+        extra = dict(extra_metrics or {})
+        extra["memory/max_reserved_all_ranks(GiB)"] = peak
+        if utils.device_type == "neuron":
+            lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+            extra.update(neuron_driver_memory(int(os.environ.get("LOCAL_RANK", "0")), lnc) or {})
+        capacity = self.config.memory_capacity_gib
+        if capacity:
+            extra["memory/capacity(GiB)"] = capacity
+            if peak > WARN_FRACTION * capacity and not self._warned_memory:
+                self._warned_memory = True
+                logger.warning(
+                    f"device memory: a rank peaked at {peak:.2f} GiB, over 90% of its {capacity:.2f} GiB"
+                )
+        super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
+
+    def log_validation(self, loss: float, step: int, extra_metrics=None):
+        """torchtitan's, plus the held-out perplexity: exp of the mean token loss (capped where
+        exp overflows a float)."""
+        extra = dict(extra_metrics or {})
+        extra[VAL_PERPLEXITY] = math.exp(min(float(loss), 700.0))
+        super().log_validation(loss=loss, step=step, extra_metrics=extra)
+
+    def _build_metric_logger(self, *, config: Config, parallel_dims, pp_schedule: str, **kw):
+        base = super()._build_metric_logger(
+            config=config, parallel_dims=parallel_dims, pp_schedule=pp_schedule, **kw
+        )
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        metrics_rank = _get_metrics_rank(parallel_dims=parallel_dims, pp_schedule=pp_schedule)
+        if rank != metrics_rank or not (config.jsonl_path or config.wandb_run_dir):
+            return base
+        container = base if isinstance(base, LoggerContainer) else LoggerContainer()
+        if config.jsonl_path:
+            container.add_logger(JsonlLogger(config.jsonl_path, report_mfu=config.report_mfu))
+        if config.wandb_run_dir:
+            try:
+                container.add_logger(WandbRunLogger(config.wandb_run_dir))
+            except Exception as e:  # like torchtitan's: a tracker that fails must not stop training
+                logger.warning(f"W&B logging is off for this run: {type(e).__name__}: {e}")
+        return container

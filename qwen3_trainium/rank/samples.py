@@ -1,0 +1,190 @@
+"""Greedy samples after training (eval=on), and whether an HF export writes the same.
+
+Three sides, one file (``samples.json`` in the run directory) between them:
+- ranks (``trainer.SampleAfterTraining`` calls ``sample_on_ranks``): after the last step every
+  rank decodes ``eval.sample_tokens`` greedy tokens for each of ``eval.sample_prompts`` from the
+  trained weights, one full forward per token (``checkpoint.model_logits``: the same forwards on
+  every rank, as FSDP and TP need); rank 0 writes ``samples.json`` and ``samples.md``.
+- a fresh process (``python -m qwen3_trainium.parent.export_check --generate EXPORT_DIR SAMPLES_JSON``,
+  fresh for the reason ``export_check.py`` gives): ``AutoModelForCausalLM.generate`` on the HF
+  export, greedy, with the ranks' prompt ids, EOS ids and token counts; it prints the new ids.
+- the launcher (``parent/export_check.after_run``): runs that process when the run made an HF export and rewrites
+  ``samples.md`` with both texts side by side. With float32 weights, float32 compute, a float32
+  export and CPU on both sides the ids must be equal (exit 3 otherwise); else reported only.
+
+Greedy here is what ``generate(do_sample=False)`` does (``transformers/generation/utils.py``,
+``_sample``): the first maximal logit of the last position in float32, appended to the input;
+a generated EOS id is kept and ends the sample.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+SAMPLES_JSON = "samples.json"
+SAMPLES_MD = "samples.md"
+
+
+@dataclass(kw_only=True, slots=True)
+class SampleConfig:
+    prompts: list[str] = field(default_factory=list)
+    tokens: int = 0
+    """Greedy tokens per prompt."""
+    path: str = ""
+    """Where rank 0 writes samples.json (samples.md beside it)."""
+    tokenizer_dir: str = ""
+    """tokenizer.json of the run (the same ids an HF export's generate is given)."""
+
+
+def eos_ids(tokenizer_dir: str, tokenizer) -> list[int]:
+    """tokenizer_config.json's ``eos_token``, then the ``eos_token_id`` of a generation_config.json
+    beside it (an HF model directory's: what its ``generate`` stops at), each id once."""
+    ids: list[int] = []
+
+    def read(name: str) -> dict:
+        path = os.path.join(tokenizer_dir, name)
+        return _read_json(path) if os.path.isfile(path) else {}
+
+    token = read("tokenizer_config.json").get("eos_token")
+    token = token.get("content") if isinstance(token, dict) else token  # an AddedToken's form
+    if token and tokenizer.token_to_id(token) is not None:
+        ids.append(tokenizer.token_to_id(token))
+    generation = read("generation_config.json").get("eos_token_id")
+    for i in generation if isinstance(generation, list) else [generation]:
+        if isinstance(i, int) and i not in ids:
+            ids.append(i)
+    return ids
+
+
+def greedy(
+    logits: Callable, prompt_ids: list[int], steps: int, eos: list[int], agree: Callable | None = None
+) -> list[int]:
+    """Up to ``steps`` greedy ids after ``prompt_ids``; ``logits([1, L] ids) -> [1, L, vocab]``.
+    ``agree`` makes every rank continue with the same id (rank 0's)."""
+    import torch
+
+    out: list[int] = []
+    for _ in range(steps if prompt_ids else 0):  # nothing to condition on: no sample
+        token = int(logits(torch.tensor([prompt_ids + out]))[0, -1].float().argmax())
+        out.append(agree(token) if agree is not None else token)
+        if out[-1] in eos:
+            break
+    return out
+
+
+def _rank0_id(group, token: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([token], dtype=torch.long)
+    dist.broadcast(flag, src=0, group=group)  # gloo, CPU: the accelerator's stream is not touched
+    return int(flag.item())
+
+
+def sample_on_ranks(model, config: SampleConfig, group=None, max_len: int | None = None, **facts) -> dict:
+    """Every rank: the samples of ``model`` (one torchtitan model part); rank 0 writes them.
+    ``group``: a gloo group of every rank (None: one process); ``max_len``: the model's positions
+    (training.seq_len); ``facts`` go into samples.json."""
+    import functools
+
+    import torch.distributed as dist
+    from tokenizers import Tokenizer
+
+    from qwen3_trainium.rank.checkpoint import PROBE_MULTIPLE, model_logits
+
+    tokenizer = Tokenizer.from_file(os.path.join(config.tokenizer_dir, "tokenizer.json"))
+    eos = eos_ids(config.tokenizer_dir, tokenizer)
+    agree = functools.partial(_rank0_id, group) if group is not None else None
+    # the k-th id is read off a forward of prompt + k - 1 ids, which model_logits pads to a multiple
+    # of 256; torchtitan's Decoder sizes its RoPE cache to training.seq_len and fails past it
+    # (torchtitan/models/common/decoder.py: update_from_config)
+    limit = max_len // PROBE_MULTIPLE * PROBE_MULTIPLE if max_len else None
+    samples = []
+    for prompt in config.prompts:
+        ids = tokenizer.encode(prompt).ids
+        steps = config.tokens if limit is None else max(0, min(config.tokens, limit - len(ids) + 1))
+        out = greedy(functools.partial(model_logits, model), ids, steps, eos, agree)
+        text = tokenizer.decode(out, skip_special_tokens=False)
+        samples.append(
+            {"prompt": prompt, "prompt_ids": ids, "max_new_tokens": steps, "generated_ids": out, "text": text}
+        )
+    record = {
+        "tokens": config.tokens,
+        "eos_ids": eos,
+        "tokenizer_dir": config.tokenizer_dir,
+        "max_len": max_len,
+        "weights_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        **facts,
+        "samples": samples,
+    }
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        write(config.path, record)
+    return record
+
+
+def cut_short(record: dict) -> list[dict]:
+    """The samples whose prompt left no room for every token (``max_len``)."""
+    return [s for s in record["samples"] if s.get("max_new_tokens", record["tokens"]) < record["tokens"]]
+
+
+def _read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
+def _atomic(path: str, text: str) -> None:
+    with open(f"{path}.tmp", "w") as f:
+        f.write(text)
+    os.replace(f"{path}.tmp", path)
+
+
+def write(path: str, record: dict) -> None:
+    """samples.json at ``path`` and samples.md beside it."""
+    _atomic(path, json.dumps(record, indent=2) + "\n")
+    _atomic(os.path.join(os.path.dirname(path), SAMPLES_MD), render(record))
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first token index where the two differ (one ending early included); None: equal."""
+    if a == b:
+        return None
+    return next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def _cell(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace("|", "\\|").replace("\n", "<br>")
+
+
+def render(record: dict) -> str:
+    """samples.md: prompt and the trained model's continuation, and the export's beside it."""
+    export = record.get("export")
+    facts = f"weights {record['weights_dtype']}"
+    if record.get("mixed_precision_param"):
+        facts += f", compute {record['mixed_precision_param']} (training.mixed_precision_param)"
+    lines = [
+        f"# Greedy samples after step {record.get('step', '?')}",
+        "",
+        f"Up to {record['tokens']} new tokens per prompt, ending at an EOS id {record['eos_ids']}; {facts}.",
+    ]
+    head = "| prompt | trained model (ranks) |"
+    if export:
+        lines += ["", f"HF export `{export['dir']}`: `AutoModelForCausalLM.generate(do_sample=False)`."]
+        head += " HF export (generate) |"
+    lines += ["", head, "|---" * head.count(" |") + "|"]
+    for i, sample in enumerate(record["samples"]):
+        row = f"| {_cell(sample['prompt'])} | {_cell(sample['text'])} |"
+        lines.append(row + (f" {_cell(export['texts'][i])} |" if export else ""))
+    lines.append("")
+    for i, sample in enumerate(record["samples"]):
+        notes = []
+        if export:
+            k = export["first_difference"][i]
+            notes.append("identical" if k is None else f"differs at token {k}")
+        if sample in cut_short(record):
+            notes.append(f"cut at {sample['max_new_tokens']} tokens (training.seq_len={record['max_len']})")
+        if notes:
+            lines.append(f"- `{sample['prompt']}`: {'; '.join(notes)}")
+    return "\n".join(lines) + "\n"

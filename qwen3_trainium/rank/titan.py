@@ -1,0 +1,273 @@
+"""Run config -> torchtitan ``Trainer.Config``: the only place that builds one.
+
+``to_trainer_config`` is pure (same run config, same ``Trainer.Config``). ``trainer_config``
+is the zero-argument function torchtitan's entry point calls in every rank
+(``--module qwen3_trainium.rank.titan --config trainer_config``): it reads the run directory's
+``resolved.yaml`` and translates it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from enum import Enum
+
+from qwen3_trainium.config import devices, flavors, runconfig
+from qwen3_trainium.config.schema import ACMode, AttnBackend, ModelPath, RunConf
+from qwen3_trainium.shared.contract import METRICS_NAME, PROBE_NAME, RUN_DIR_ENV
+
+SDPA_OVERRIDE = "qwen3_trainium.models.overrides.attention.document_sdpa"
+EXPERTS_OVERRIDE = "qwen3_trainium.models.overrides.experts.param_dtype_experts"
+
+
+def fields(section) -> dict:
+    """A schema section as torchtitan's keyword arguments: closed choices (Enums) as their strings."""
+    return {k: v.value if isinstance(v, Enum) else v for k, v in dataclasses.asdict(section).items()}
+
+
+def titan_attn_backend(run: RunConf) -> str:
+    """The backend torchtitan builds; sdpa is built as varlen and swapped by an override."""
+    backend = run.model.attn_backend
+    return "varlen" if backend is AttnBackend.sdpa else backend.value
+
+
+def override_imports(run: RunConf) -> list:
+    """torchtitan ``override.imports``: attention, kernels, then the user's own entries."""
+    from qwen3_trainium.models.kernels import KERNEL_OVERRIDES
+
+    imports: list = []
+    if run.model.path is not ModelPath.hf and run.model.attn_backend is AttnBackend.sdpa:
+        imports.append(SDPA_OVERRIDE)
+    float32_cpu = run.device.type.value == "cpu" and run.training.mixed_precision_param.value == "float32"
+    moe = run.model.path is not ModelPath.hf and run.model.flavor in flavors.MOE_FLAVORS
+    if moe and float32_cpu and "moe_experts" not in run.model.kernels:
+        imports.append(EXPERTS_OVERRIDE)
+    for kernel in run.model.kernels:
+        target = KERNEL_OVERRIDES[kernel]
+        if kernel == "moe_experts":
+            options = {
+                "block_size": run.model.moe_block_size,
+                "compute_dtype": run.model.moe_compute_dtype.value,
+            }
+            imports.append((target, options))
+        else:
+            imports.append(target)
+    return imports + list(run.override.imports)
+
+
+def _optimizer(run: RunConf):
+    from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
+
+    opt = run.optimizer
+    kwargs = {"lr": opt.lr, "betas": tuple(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay}
+    group = ParamGroupConfig(pattern=r".*", optimizer_name=opt.name.value, optimizer_kwargs=kwargs)
+    return OptimizersContainer.Config(
+        param_groups=[group],
+        implementation=opt.implementation.value,
+    )
+
+
+def _activation_checkpoint(mode: ACMode):
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    return {ACMode.none: None, ACMode.selective: SelectiveAC.Config(), ACMode.full: FullAC.Config()}[mode]
+
+
+def _training(run: RunConf):
+    from torchtitan.config import TrainingConfig
+
+    # CUDA graphs are a CUDA feature; elsewhere torchtitan would only warn and run eager.
+    return TrainingConfig(**fields(run.training), disable_cuda_graphs=run.device.type.value != "cuda")
+
+
+def _metrics(run: RunConf, run_dir: str):
+    from qwen3_trainium.rank.metrics import JsonlMetricsProcessor
+
+    track = run.tracking
+    info = devices.device_info(
+        run.device.type.value,
+        lnc=run.device.lnc,
+        instance=run.device.instance,
+        nproc=run.launcher.nproc_per_node,
+    )
+    return JsonlMetricsProcessor.Config(
+        log_freq=track.log_freq,
+        enable_wandb=False,  # ours (below): the resolved config, a stable id, the sweep as group
+        enable_tensorboard=track.tensorboard,
+        wandb_run_dir=run_dir if track.wandb else "",
+        disable_color_printing=True,
+        jsonl_path=os.path.join(run_dir, METRICS_NAME),
+        # torchtitan's peak-FLOPS table falls back to A100 figures off-GPU: MFU is meaningless on CPU.
+        report_mfu=run.device.type.value != "cpu",
+        memory_capacity_gib=(info.memory_per_rank or 0) / 2**30,
+        peak_flops_per_rank=info.peak_flops_per_rank or 0.0,
+    )
+
+
+OWN_CHECKPOINT_FIELDS = ("allow_partial_load", "export_check")  # used in the parent only
+
+
+def _hf_config_json(spec, source_dir: str | None) -> str:
+    """config.json for an HF export: the source model's own, else one made from the flavor."""
+    if source_dir and os.path.isfile(os.path.join(source_dir, "config.json")):
+        with open(os.path.join(source_dir, "config.json")) as f:
+            return f.read()
+    from qwen3_trainium.rank.checkpoint import hf_config_json
+
+    return hf_config_json(spec.model, max_position_embeddings=spec.model.layers[0].attention.rope.max_seq_len)
+
+
+def _checkpoint(run: RunConf, spec, run_dir: str):
+    """torchtitan's checkpoint fields (our manager adds RNG state and complete HF exports);
+    model=hf adds the initial load of hf_model's weights."""
+    from qwen3_trainium.rank.checkpoint import Qwen3CheckpointManager
+
+    kwargs = {k: v for k, v in fields(run.checkpoint).items() if k not in OWN_CHECKPOINT_FIELDS}
+    hf_init = run.model.path is ModelPath.hf and run.model.load_weights and not kwargs["initial_load_path"]
+    if hf_init:
+        kwargs.update(
+            initial_load_path=run.model.hf_model, initial_load_in_hf=True, initial_load_model_only=True
+        )
+        if not kwargs["enable"]:  # load the weights, save nothing
+            kwargs.update(enable=True, load_only=True)
+    if kwargs["last_save_in_hf"]:
+        if run.model.path is ModelPath.hf:
+            source = run.model.hf_model
+        else:
+            source = kwargs["initial_load_path"] if kwargs["initial_load_in_hf"] else None
+        kwargs.update(
+            hf_config_json=_hf_config_json(spec, source),
+            tokenizer_dir=run.data.hf_assets_path,
+            source_dir=source or "",
+        )
+        if run.checkpoint.export_check:
+            kwargs["probe_path"] = os.path.join(run_dir, PROBE_NAME)
+    return Qwen3CheckpointManager.Config(**kwargs)
+
+
+def hf_checkpoint(run: RunConf) -> bool:
+    """The run loads HF weights or exports them."""
+    ckpt = run.checkpoint
+    return ckpt.enable and (ckpt.initial_load_in_hf or ckpt.last_save_in_hf)
+
+
+def _without_expert_bias(model_config) -> None:
+    """Qwen3-MoE in HF format has no router bias: torchtitan's aux-loss-free balancing bias
+    (``load_balance_coeff``) would route differently from every HF copy of the model, so it is
+    off when the weights come from or go to HF."""
+    for layer in model_config.layers:
+        if getattr(layer, "moe", None) is not None:
+            layer.moe.load_balance_coeff = None
+
+
+def _model_parts(run: RunConf) -> tuple[type, dict]:
+    """The Trainer.Config class and the model-specific fields (spec, loss, hf_model). The
+    trainers are torchtitan's, stopping at a step boundary on SIGTERM (``trainer.py``)."""
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+
+    from qwen3_trainium.rank import trainer
+
+    if run.model.path is ModelPath.hf:
+        from qwen3_trainium.models import hf
+
+        spec = hf.model_spec(run.model.hf_model, run.model.attn_backend)
+        parts = {"model_spec": spec, "loss": CrossEntropyLoss.Config(), "hf_model": run.model.hf_model}
+        config_cls = trainer.trainer_class(hf=True).Config
+    else:
+        from torchtitan.models.common.config_utils import decoder_vocab_size
+
+        from qwen3_trainium.config import flavors
+
+        spec = flavors.model_spec(run.model.flavor, titan_attn_backend(run))
+        if hf_checkpoint(run):
+            _without_expert_bias(spec.model)
+        if "moe_experts" in run.model.kernels:  # experts stored fused: converted at the HF boundary
+            from qwen3_trainium.models.overrides.blockwise_experts import FusedExpertsStateDictAdapter
+
+            spec.state_dict_adapter = FusedExpertsStateDictAdapter
+        loss = ChunkedLossWrapper.Config(
+            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec))
+        )
+        parts = {"model_spec": spec, "loss": loss}
+        config_cls = trainer.trainer_class(hf=False).Config
+    if run.device.type.value == "cpu":
+        spec.parallelize_fn = devices.gloo_safe_parallelize(spec.parallelize_fn)
+    return config_cls, parts
+
+
+def _eval(run: RunConf, run_dir: str) -> tuple[dict, dict]:
+    """(the training dataloader's dataset fields, the eval fields: validator and samples).
+    eval=on reads held-out records (``heldout.py``) the training stream then never sees."""
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
+    from qwen3_trainium.rank import samples
+    from qwen3_trainium.rank.validator import HeldOutValidator
+
+    if not run.eval.enable:
+        return {"dataset": run.data.dataset, "dataset_path": run.data.dataset_path}, {}
+    from qwen3_trainium.data import heldout
+
+    src = heldout.register(run)
+    validator = HeldOutValidator.Config(
+        enable=True,
+        freq=run.eval.freq,
+        steps=run.eval.steps,
+        last_step=run.training.steps,
+        dataloader=HuggingFaceTextDataLoader.Config(
+            dataset=src.val_dataset, dataset_path=src.val_path, infinite=False
+        ),
+    )
+    sample_config = samples.SampleConfig(
+        prompts=list(run.eval.sample_prompts) if run.eval.sample_tokens > 0 else [],
+        tokens=run.eval.sample_tokens,
+        path=os.path.join(run_dir, samples.SAMPLES_JSON),
+        tokenizer_dir=run.data.hf_assets_path,
+    )
+    return (
+        {"dataset": src.train_dataset, "dataset_path": src.train_path},
+        {"validator": validator, "samples": sample_config},
+    )
+
+
+def to_trainer_config(run: RunConf, run_dir: str):
+    """The torchtitan ``Trainer.Config`` for a resolved run config. Pure (with eval=on it also
+    registers the held-out loaders in torchtitan's dataset registry, the same every time)."""
+    from torchtitan.components.optimizer import LRSchedulersContainer
+    from torchtitan.config import CompileConfig, DebugConfig, OverrideConfig, ParallelismConfig
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
+    config_cls, model_parts = _model_parts(run)
+    dataset, evaluation = _eval(run, run_dir)
+    return config_cls(
+        **model_parts,
+        **evaluation,
+        hf_assets_path=run.data.hf_assets_path,
+        dump_folder=run_dir,
+        dataloader=HuggingFaceTextDataLoader.Config(**dataset),
+        optimizer=_optimizer(run),
+        lr_scheduler=LRSchedulersContainer.Config(**fields(run.lr_scheduler)),
+        training=_training(run),
+        parallelism=ParallelismConfig(**fields(run.parallel)),
+        activation_checkpoint=_activation_checkpoint(run.activation_checkpoint.mode),
+        checkpoint=_checkpoint(run, model_parts["model_spec"], run_dir),
+        metrics=_metrics(run, run_dir),
+        debug=DebugConfig(seed=run.debug.seed, deterministic=run.debug.deterministic),
+        compile=CompileConfig(
+            enable=run.compile.enable,
+            components=[c.value for c in run.compile.components],
+            backend=run.compile.backend.value,
+            enable_async_tensor_parallel=bool(run.compile.enable_async_tensor_parallel),
+        ),
+        override=OverrideConfig(imports=override_imports(run)),
+    )
+
+
+def trainer_config():
+    """Zero-argument config function for ``torchtitan.train --module/--config`` (rank side).
+    torchtitan calls it before it builds anything: the rank waits here for pre-flight's verdict."""
+    from qwen3_trainium.shared import gate
+
+    gate.hold_rank()
+    run_dir = os.environ[RUN_DIR_ENV]
+    run = runconfig.load(runconfig.rank_config_path(run_dir))
+    return to_trainer_config(run, run_dir)

@@ -1,0 +1,220 @@
+"""The Trainium stack: torchtitan by capability (seams), TorchTitan Neuron accepted, the Neuron
+packages and NKI runtime checked, and `make setup-neuron`'s plan."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from qwen3_trainium.config import seams
+from qwen3_trainium.models.kernels import neuron
+from qwen3_trainium.parent import setup_neuron
+from qwen3_trainium.parent.preflight import stack
+
+GUIDE_MOE = ["experiment=qwen3_30b_a3b_trn2"]  # model=nki_moe, 30B-A3B, trn2_dp64, seq 4096, batch 1
+NEURON_STACK = {  # what AWS's SDK 2.33 DLAMI venv reports, with TorchTitan Neuron installed editable
+    "torch": "2.14.0",
+    "torchtitan": "0.2.2+neuron.1",
+    "transformers": "5.24.0",
+    "hydra-core": "1.3.8",
+    "torch-neuronx": "2.14.3.0.1",
+    "neuronx-cc": "2.28.7631.0",
+    "nki": "0.7.0",
+}
+
+
+@pytest.fixture
+def neuron_stack(monkeypatch):
+    """The installed versions faked to the Neuron SDK 2.33 stack, the NKI runtime faked importable."""
+    monkeypatch.setattr(stack, "installed", NEURON_STACK.get)
+    monkeypatch.setattr(neuron, "runtime_error", lambda: None)
+    monkeypatch.setattr(neuron, "signature_mismatches", lambda: [])
+
+
+def test_the_guides_moe_dry_run_passes_with_torchtitan_neuron_and_the_neuron_packages(
+    neuron_stack, dry_run, tmp_path
+):
+    result, out, err = dry_run(ROOT, tmp_path, *GUIDE_MOE)
+    assert result == ("dry_run", 0), err
+    assert "0.2.2+neuron.1" in out and "torch-neuronx  2.14.3.0.1" in out
+    assert "--nproc_per_node=64" in out and "NEURON_RT_NUM_CORES" not in out
+
+
+def test_a_missing_seam_fails_the_dry_run_naming_it(neuron_stack, dry_run, monkeypatch, tmp_path):
+    from torchtitan.components.checkpointer.dcp import CheckpointManager
+
+    monkeypatch.delattr(CheckpointManager, "_create_checkpoint_id")
+    result, _, err = dry_run(ROOT, tmp_path, *GUIDE_MOE)
+    assert result == ("failed", 2)
+    assert (
+        "torchtitan seam torchtitan.components.checkpoint.CheckpointManager._create_checkpoint_id is missing"
+        in err
+    )
+    assert "versions.torchtitan = '0.2.2+neuron.1'" in err and "aws-neuron/torchtitan-neuron" in err
+    assert "Traceback" not in err
+
+
+def test_a_missing_config_field_is_named_too(monkeypatch):
+    import dataclasses
+
+    from torchtitan.config import ParallelismConfig
+
+    real = dataclasses.fields
+
+    def without_cp(obj):
+        return tuple(
+            f for f in real(obj) if not (obj is ParallelismConfig and f.name == "context_parallel_degree")
+        )
+
+    monkeypatch.setattr(dataclasses, "fields", without_cp)
+    seam = next(s for s in seams.SEAMS if s.target == "torchtitan.config:ParallelismConfig")
+    assert seams.probe(seam) == "ParallelismConfig lacks field(s) context_parallel_degree"
+
+
+def test_every_listed_seam_is_in_the_installed_torchtitan():
+    assert seams.missing() == []
+    private = {s.name for s in seams.SEAMS if s.is_private}
+    for name in (
+        "torchtitan.components.checkpoint.CheckpointManager._save_last_step",
+        "torchtitan.components.metrics._get_metrics_rank",
+        "torchtitan.tools.utils.device_module",
+        "torchtitan.experiments.transformers_modeling_backend.state_dict_adapter.HFTransformerStateDictAdapter._tie_word_embeddings",
+        "torchtitan.experiments.transformers_modeling_backend.model.HFTransformerModel._build_dense_attention_mask",
+    ):
+        assert name in private
+    assert {s.name for s in seams.needed("native", "cuda")}.isdisjoint(
+        {s.name for s in seams.SEAMS if "experiments" in s.target}
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "device", "status"),
+    [
+        ("0.3.0", "cpu", "ok"),
+        ("0.2.2+neuron.1", "neuron", "ok"),
+        ("0.2.2+neuron.1", "cpu", "warn"),
+        ("0.2.2", "cpu", "MISMATCH"),
+        ("0.4.0", "neuron", "MISMATCH"),
+    ],
+)
+def test_torchtitan_versions_accepted(monkeypatch, version, device, status):
+    from conftest import resolve
+
+    monkeypatch.setattr(stack, "installed", {**NEURON_STACK, "torchtitan": version}.get)
+    problems, table = stack.versions(resolve(f"device={device}"), launching=False)
+    row = next(line for line in table.splitlines() if line.strip().startswith("torchtitan"))
+    assert row.split()[-1] == status
+    assert bool(problems) == (status == "MISMATCH")
+
+
+def test_launching_on_neuron_without_nki_names_the_package_and_the_fix(monkeypatch):
+    from conftest import resolve
+
+    monkeypatch.setattr(
+        neuron, "runtime_error", lambda: "import nki failed (ModuleNotFoundError: No module named 'nki')"
+    )
+    run = resolve(*GUIDE_MOE)
+    problems = stack.check_nki_runtime(run, launching=True, notes=[])
+    assert [p.key for p in problems] == ["model.kernels"]
+    assert "No module named 'nki'" in problems[0].message and "model.kernels=[]" in problems[0].fix
+    notes: list[str] = []
+    assert stack.check_nki_runtime(run, launching=False, notes=notes) == [] and "not here" in notes[0]
+    run.model.kernels = []  # the references on purpose: nothing to check
+    assert stack.check_nki_runtime(run, launching=True, notes=[]) == []
+
+
+def test_a_kernel_signature_that_moved_is_named(monkeypatch):
+    from conftest import resolve
+
+    monkeypatch.setattr(neuron, "runtime_error", lambda: None)
+    moved = "nkilib.core.moe.moe_cte.moe_cte:moe_cte takes no compute_dtype (checked against ...)"
+    monkeypatch.setattr(neuron, "signature_mismatches", lambda: [moved])
+    problems = stack.check_nki_runtime(resolve(*GUIDE_MOE), launching=True, notes=[])
+    assert problems and "takes no compute_dtype" in problems[0].message
+
+
+def test_trn2_ep_is_experimental_with_awss_reason():
+    from conftest import resolve
+
+    notes = stack.trainium_notes(resolve("parallel=trn2_ep", "model.flavor=30B-A3B"))
+    assert any("experimental" in n and "does not run on Trn2" in n for n in notes)
+
+
+# make setup-neuron ------------------------------------------------------------------------------
+
+
+def test_venv_choice_follows_neuron_venv_then_the_active_venv_then_the_dlami(tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").touch()
+    has_neuronx = {"/venvs/neuron": True, "/venvs/plain": False}.get
+    assert setup_neuron.choose_venv(
+        {"NEURON_VENV": str(tmp_path), "VIRTUAL_ENV": "/venvs/neuron"}, has_neuronx
+    )[0] == str(tmp_path)
+    assert setup_neuron.choose_venv({"VIRTUAL_ENV": "/venvs/neuron"}, has_neuronx)[0] == "/venvs/neuron"
+    dlami = setup_neuron.DLAMI_VENV
+    assert (
+        setup_neuron.choose_venv({"VIRTUAL_ENV": "/venvs/plain"}, has_neuronx, isdir={dlami: True}.get)[0]
+        == dlami
+    )
+    with pytest.raises(setup_neuron.SetupError, match="no working torch_neuronx.*NEURON_VENV="):
+        setup_neuron.choose_venv({"VIRTUAL_ENV": "/venvs/plain"}, has_neuronx, isdir=lambda _: False)
+    with pytest.raises(setup_neuron.SetupError, match="no bin/python"):
+        setup_neuron.choose_venv({"NEURON_VENV": "/nonexistent"}, has_neuronx)
+
+
+def test_plan_keeps_what_the_neuron_sdk_owns_and_installs_only_whats_missing():
+    installed = {
+        "torch": "2.14.0",
+        "torchtitan": "0.2.2+neuron.1",
+        "torch-neuronx": "2.14.3.0.1",
+        "neuronx-cc": "2.28.7631.0",
+        "nki": "0.7.0",
+        "transformers": "4.57.1",
+        "omegaconf": "2.3.0",
+    }
+    plan = setup_neuron.make_plan(setup_neuron.read_requirements(), installed)
+    names = [setup_neuron._requirement(spec).name for spec in plan.install]
+    assert not set(names) & set(setup_neuron.PROTECTED)
+    assert {"hydra-core", "wandb", "datasets"} <= set(names) and "omegaconf" not in names
+    assert [p.split()[0] for p in plan.protected] == [
+        "torch",
+        "torchtitan",
+        "torch-neuronx",
+        "neuronx-cc",
+        "nki",
+    ]
+    assert plan.outside == [("transformers", "4.57.1", "<6,>=5")]  # reported, not changed
+    pins = setup_neuron.protecting_constraints(installed).splitlines()
+    assert {"torch==2.14.0", "torchtitan==0.2.2+neuron.1", "nki==0.7.0"} <= set(pins) and len(pins) == 5
+
+
+def test_setup_neuron_dry_run_into_this_venv_changes_nothing(tmp_path):
+    env = {**os.environ, "NEURON_VENV": sys.prefix, "NEURON_PIP_INDEX": "https://example.invalid/neuron"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "qwen3_trainium.setup_neuron", "--dry-run"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"venv: {sys.prefix} (NEURON_VENV)" in out
+    assert "kept as installed (never reinstalled or upgraded): torch 2.14" in out
+    install = next(line for line in out.splitlines() if "pip install -c" in line)
+    assert "--extra-index-url https://example.invalid/neuron" in install
+    assert "torch-neuronx==2.14.*" in install and " torch==" not in install and "torchtitan" not in install
+    assert out.rstrip().endswith(f"pip install --no-deps -e {ROOT}")
+
+
+@pytest.mark.parametrize(("lnc", "peak", "capacity_gib"), [(2, 158e12, 23.8125), (1, 79e12, 11.90625)])
+def test_mfu_peak_and_hbm_budget_follow_the_lnc_in_use(lnc, peak, capacity_gib, tmp_path):
+    from conftest import resolve
+
+    from qwen3_trainium.rank import titan
+
+    metrics = titan._metrics(resolve("parallel=trn2_dp64", f"device.lnc={lnc}"), str(tmp_path))
+    assert metrics.peak_flops_per_rank == peak  # torchtitan's own table says 158e12 whatever the LNC
+    assert metrics.memory_capacity_gib == capacity_gib  # 12 GiB per physical core less 96 MB micro-code
+    assert titan._metrics(resolve("device=cpu"), str(tmp_path)).peak_flops_per_rank == 0.0
