@@ -16,6 +16,34 @@ class AttnBackend(Enum):
     sdpa = "sdpa"  # causal SDPA with per-document masking (ours; trains on every device)
     flex = "flex"  # torchtitan FlexAttention (no backward on CPU)
     varlen = "varlen"  # torchtitan VarlenAttention (needs CUDA flash attention)
+    causal = "causal"  # causal SDPA over the whole row, no document masks: unpacked data only
+
+
+class DataFormat(Enum):
+    """What the records are (``data/chat/records.py``): plain text, or chat in one of four formats."""
+
+    text = "text"  # {"text": ...} records, packed by torchtitan's text loader
+    auto = "auto"  # chat: each record's format from its keys
+    messages = "messages"  # OpenAI {"messages": [{"role", "content", "reasoning_content"?}]}
+    sharegpt = "sharegpt"  # {"conversations": [{"from", "value"}]}
+    prompt_completion = "prompt_completion"  # {"prompt", "completion"}
+    alpaca = "alpaca"  # {"instruction", "input"?, "output"}
+
+
+class LossOn(Enum):
+    assistant = "assistant"  # every assistant turn (less those marked train: false)
+    last_assistant = "last_assistant"  # the final assistant turn only
+    all = "all"  # every token (less assistant turns marked train: false)
+
+
+class HistoryThinking(Enum):
+    as_rendered = "as_rendered"  # the template's render (Qwen3 drops earlier turns' reasoning)
+    keep = "keep"  # one sample per trained turn, each keeping its own reasoning
+
+
+class Overflow(Enum):
+    drop = "drop"  # a sample longer than seq_len is left out (counted)
+    truncate = "truncate"  # cut to seq_len (counted); skipped if nothing supervised is left
 
 
 class DeviceType(Enum):

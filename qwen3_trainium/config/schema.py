@@ -14,14 +14,18 @@ from qwen3_trainium.config.choices import (
     AttnBackend,
     CompileBackend,
     CompileComponent,
+    DataFormat,
     DecayType,
     DeviceType,
     Dtype,
     ExportDtype,
+    HistoryThinking,
+    LossOn,
     MemoryMode,
     ModelPath,
     OptimizerImpl,
     OptimizerName,
+    Overflow,
     ParamDtype,
     PipelineSchedule,
     Progress,
@@ -148,6 +152,16 @@ class DataConf:
     # (which the training stream then skips). Unused with eval=off.
     validation_path: str | None = None
     validation_fraction: float = 0.05
+    # Chat SFT (data=chat, data/chat/): records in a chat format, the model's own chat template,
+    # exact loss masks, samples packed with per-document positions.
+    format: DataFormat = DataFormat.text
+    chat_template: str | None = None  # a .jinja (or tokenizer_config.json) when the tokenizer has none
+    chat_template_kwargs: dict = field(default_factory=dict)  # e.g. {enable_thinking: false}; a record's own win
+    loss_on: LossOn = LossOn.assistant
+    history_thinking: HistoryThinking = HistoryThinking.as_rendered
+    overflow: Overflow = Overflow.drop
+    packing: bool = True  # false: one sample per row, padded
+    preview: int = 0  # write N packed rows to data_preview.md / data_preview.jsonl in the run dir
 
 
 DEFAULT_SAMPLE_PROMPTS = ("The capital of France is", "Once upon a time")

@@ -14,6 +14,10 @@ from pathlib import Path
 DATA_DIR = Path(__file__).parent
 CORPUS_DIR = DATA_DIR / "corpus"
 TOKENIZER_DIR = DATA_DIR / "tokenizer"
+CHAT_DIR = DATA_DIR / "chat_corpus"  # data=chat's conversations (train.jsonl, validation.jsonl)
+# The shipped tokenizer's chat template: Qwen3's published one (Qwen/Qwen3-0.6B, tokenizer_config.json
+# "chat_template", Apache-2.0), verbatim, so data=chat renders exactly as Qwen3 checkpoints do.
+CHAT_TEMPLATE = "chat_template.jinja"
 HF_TINY_DIR = DATA_DIR / "hf" / "qwen3-tiny"  # generated, not committed (make assets / on first use)
 HF_TINY_MOE_DIR = DATA_DIR / "hf" / "qwen3-tiny-moe"  # a Qwen3MoeForCausalLM of tiny_moe's shape
 VOCAB_SIZE = 512
@@ -56,6 +60,62 @@ def make_corpus(num_docs: int = 4000, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     makers = [_story, _counting, _capital, _arithmetic]
     return [" ".join(rng.choice(makers)(rng) for _ in range(rng.randint(1, 4))) for _ in range(num_docs)]
+
+
+_QUESTIONS = {
+    "capital": ("What is the capital of {country}?", "The capital of {country} is {city}.",
+                "{country} is a country. Its capital is {city}."),
+    "plus": ("What is {x} plus {y}?", "{x} plus {y} is {z}.", "{x} plus {y}: count {y} up from {x}. That is {z}."),
+    "minus": ("What is {z} minus {y}?", "{z} minus {y} is {x}.", "{z} minus {y}: {x} plus {y} is {z}, so it is {x}."),
+    "count": ("Count from {a} to {b}.", "{words}.", "Start at {a} and stop at {b}."),
+}  # fmt: skip
+SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+def _exchange(rng: random.Random, thinking: bool) -> list[dict]:
+    kind = rng.choice(sorted(_QUESTIONS))
+    country = rng.choice(sorted(_CAPITALS))
+    x, y = rng.randint(0, 20), rng.randint(0, 20)
+    start = rng.randint(0, 5)
+    stop = start + rng.randint(2, 4)
+    values = dict(country=country, city=_CAPITALS[country], x=x, y=y, z=x + y, a=_NUMBERS[start],
+                  b=_NUMBERS[stop], words=" ".join(_NUMBERS[start : stop + 1]).capitalize())  # fmt: skip
+    question, answer, reasoning = (t.format(**values) for t in _QUESTIONS[kind])
+    assistant = {"role": "assistant", "content": answer}
+    if thinking:
+        assistant["reasoning_content"] = reasoning
+    return [{"role": "user", "content": question}, assistant]
+
+
+def make_chat(num: int, seed: int) -> list[dict]:
+    """Conversations of 1-3 exchanges (OpenAI messages), a third with a system prompt and half
+    with ``reasoning_content``: enough structure that the chat loss falls within a smoke run."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(num):
+        thinking = rng.random() < 0.5
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}] if rng.random() < 1 / 3 else []
+        for _ in range(rng.randint(1, 3)):
+            messages += _exchange(rng, thinking)
+        out.append({"messages": messages})
+    return out
+
+
+def make_chat_corpus() -> tuple[list[dict], list[dict]]:
+    """(train, validation): 600 and 60 conversations, the held-out ones none of the training ones."""
+    train = make_chat(600, seed=0)
+    seen = {json.dumps(c, sort_keys=True) for c in train}
+    val = [c for c in make_chat(80, seed=1) if json.dumps(c, sort_keys=True) not in seen][:60]
+    return train, val
+
+
+def write_chat_corpus() -> None:
+    train, val = make_chat_corpus()
+    CHAT_DIR.mkdir(parents=True, exist_ok=True)
+    for name, records in (("train.jsonl", train), ("validation.jsonl", val)):
+        with open(CHAT_DIR / name, "w") as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
 
 
 VALIDATION_SEED = 1
@@ -163,7 +223,7 @@ def _make_hf_model_here(out_dir: Path, seed: int, moe: bool = False) -> None:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out_dir.parent))
     model.save_pretrained(tmp)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json", CHAT_TEMPLATE):
         shutil.copy(TOKENIZER_DIR / name, tmp / name)
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -174,7 +234,16 @@ def ensure_hf_model() -> Path:
     """The embedded tiny HF model directory, made on first use."""
     if not (HF_TINY_DIR / "model.safetensors").is_file():
         make_hf_model()
+    _with_template(HF_TINY_DIR)
     return HF_TINY_DIR
+
+
+def _with_template(model_dir: Path) -> None:
+    """A tiny model made before the chat template shipped gets it (its tokenizer is the same)."""
+    import shutil
+
+    if not (model_dir / CHAT_TEMPLATE).is_file():
+        shutil.copy(TOKENIZER_DIR / CHAT_TEMPLATE, model_dir / CHAT_TEMPLATE)
 
 
 def ensure_hf_moe_model() -> Path:
@@ -182,6 +251,7 @@ def ensure_hf_moe_model() -> Path:
     layout, ``num_local_experts``), made on first use."""
     if not (HF_TINY_MOE_DIR / "model.safetensors").is_file():
         make_hf_model(HF_TINY_MOE_DIR, seed=0, moe=True)
+    _with_template(HF_TINY_MOE_DIR)
     return HF_TINY_MOE_DIR
 
 
@@ -194,6 +264,7 @@ def main() -> None:
             for doc in records:
                 f.write(json.dumps({"text": doc}) + "\n")
     train_tokenizer(docs, TOKENIZER_DIR)
+    write_chat_corpus()
     make_hf_model()
     print(
         f"wrote {len(docs)} training and {len(held_out)} held-out documents to {CORPUS_DIR}, a tokenizer to {TOKENIZER_DIR}, a tiny HF Qwen3 to {HF_TINY_DIR}"

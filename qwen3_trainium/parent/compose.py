@@ -26,6 +26,7 @@ from qwen3_trainium.config.schema import (
 _PATH_FIELDS = (
     ("data", "dataset_path"),
     ("data", "hf_assets_path"),
+    ("data", "chat_template"),
     ("checkpoint", "initial_load_path"),
     ("model", "hf_model"),
 )

@@ -85,6 +85,7 @@ def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
         if problems:
             return refuse(problems)
         checks.print_notes()
+        _preview(run, job.run_dir)
     lead = run.launcher.node_rank == 0  # of several nodes, node 0 records the job
     if run.tracking.wandb and lead:
         create = not run.dry_run
@@ -99,6 +100,17 @@ def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
         _record_start(run, job.run_dir, checks.versions)
     compose.save(run, job.run_dir)
     return _run_to_end(run, job, _start(run, job, argv, env), lead)
+
+
+def _preview(run: RunConf, run_dir: str) -> None:
+    """data.preview=N (chat data): the first N rows rank 0 trains on, written before it starts."""
+    if run.data.preview <= 0 or run.data.format.value == "text" or run.launcher.node_rank > 0:
+        return
+    from qwen3_trainium.data.chat import source
+    from qwen3_trainium.parent.preflight.chat import dp_ranks
+
+    md, jsonl = source.write_preview(run, run_dir, run.data.preview, world=dp_ranks(run))
+    print(f"[qwen3-trainium] data preview: {md} and {jsonl}", flush=True)
 
 
 def _record_start(run: RunConf, run_dir: str, versions: dict[str, str]) -> None:
@@ -156,6 +168,7 @@ def _overlapped(run: RunConf, job: Job, checks: Preflight, argv, env, lead: bool
         compose.save(run, job.run_dir)
         gate.write(verdict, ok=True)
         checks.print_notes()
+        _preview(run, job.run_dir)
         return _run_to_end(run, job, started, lead)
     finally:
         for path in (os.path.join(job.run_dir, staged), verdict):

@@ -37,6 +37,9 @@ class SampleConfig:
     """Where rank 0 writes samples.json (samples.md beside it)."""
     tokenizer_dir: str = ""
     """tokenizer.json of the run (the same ids an HF export's generate is given)."""
+    chat_template: str = ""
+    """data=chat: the template file; each prompt is a user message with a generation prompt."""
+    chat_template_kwargs: dict = field(default_factory=dict)
 
 
 def eos_ids(tokenizer_dir: str, tokenizer) -> list[int]:
@@ -103,8 +106,14 @@ def sample_on_ranks(model, config: SampleConfig, group=None, max_len: int | None
     # (torchtitan/models/common/decoder.py: update_from_config)
     limit = max_len // PROBE_MULTIPLE * PROBE_MULTIPLE if max_len else None
     samples = []
+    chat = None
+    if config.chat_template:
+        from qwen3_trainium.data.chat.template import ChatTokenizer
+
+        chat = ChatTokenizer.load(config.tokenizer_dir, config.chat_template)
+        eos = eos + [chat.end_of_turn_id] if chat.end_of_turn_id not in eos else eos
     for prompt in config.prompts:
-        ids = tokenizer.encode(prompt).ids
+        ids = chat.prompt_ids(prompt, **config.chat_template_kwargs) if chat else tokenizer.encode(prompt).ids
         steps = config.tokens if limit is None else max(0, min(config.tokens, limit - len(ids) + 1))
         out = greedy(functools.partial(model_logits, model), ids, steps, eos, agree)
         text = tokenizer.decode(out, skip_special_tokens=False)
@@ -115,6 +124,7 @@ def sample_on_ranks(model, config: SampleConfig, group=None, max_len: int | None
         "tokens": config.tokens,
         "eos_ids": eos,
         "tokenizer_dir": config.tokenizer_dir,
+        "chat_template": config.chat_template,
         "max_len": max_len,
         "weights_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         **facts,

@@ -17,6 +17,7 @@ from qwen3_trainium.config.schema import ACMode, AttnBackend, ModelPath, RunConf
 from qwen3_trainium.shared.contract import METRICS_NAME, PROBE_NAME, RUN_DIR_ENV
 
 SDPA_OVERRIDE = "qwen3_trainium.models.overrides.attention.document_sdpa"
+CAUSAL_OVERRIDE = "qwen3_trainium.models.overrides.attention.causal_sdpa"
 EXPERTS_OVERRIDE = "qwen3_trainium.models.overrides.experts.param_dtype_experts"
 
 
@@ -26,9 +27,9 @@ def fields(section) -> dict:
 
 
 def titan_attn_backend(run: RunConf) -> str:
-    """The backend torchtitan builds; sdpa is built as varlen and swapped by an override."""
+    """The backend torchtitan builds; sdpa and causal are built as varlen and swapped by an override."""
     backend = run.model.attn_backend
-    return "varlen" if backend is AttnBackend.sdpa else backend.value
+    return "varlen" if backend in (AttnBackend.sdpa, AttnBackend.causal) else backend.value
 
 
 def override_imports(run: RunConf) -> list:
@@ -38,6 +39,8 @@ def override_imports(run: RunConf) -> list:
     imports: list = []
     if run.model.path is not ModelPath.hf and run.model.attn_backend is AttnBackend.sdpa:
         imports.append(SDPA_OVERRIDE)
+    if run.model.path is not ModelPath.hf and run.model.attn_backend is AttnBackend.causal:
+        imports.append(CAUSAL_OVERRIDE)
     float32_cpu = run.device.type.value == "cpu" and run.training.mixed_precision_param.value == "float32"
     moe = run.model.path is not ModelPath.hf and run.model.flavor in flavors.MOE_FLAVORS
     if moe and float32_cpu and "moe_experts" not in run.model.kernels:
@@ -195,38 +198,53 @@ def _model_parts(run: RunConf) -> tuple[type, dict]:
     return config_cls, parts
 
 
-def _eval(run: RunConf, run_dir: str) -> tuple[dict, dict]:
-    """(the training dataloader's dataset fields, the eval fields: validator and samples).
-    eval=on reads held-out records (``heldout.py``) the training stream then never sees."""
+def _chat_loader(run_dir: str, split: str, infinite: bool = True):
+    """Chat data (``data/chat/``): the rows are built from the run's resolved config."""
+    from qwen3_trainium.data.chat.loader import ChatDataLoader
+
+    return ChatDataLoader.Config(config_path=runconfig.rank_config_path(run_dir), split=split, infinite=infinite)
+
+
+def _eval(run: RunConf, run_dir: str) -> tuple[object, dict]:
+    """(the training dataloader, the eval fields: validator and samples). eval=on reads held-out
+    records (``heldout.py``, ``data/chat/source.py``) the training stream then never sees."""
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
     from qwen3_trainium.rank import samples
     from qwen3_trainium.rank.validator import HeldOutValidator
 
+    chat = run.data.format.value != "text"
     if not run.eval.enable:
-        return {"dataset": run.data.dataset, "dataset_path": run.data.dataset_path}, {}
-    from qwen3_trainium.data import heldout
+        if chat:
+            return _chat_loader(run_dir, "train"), {}
+        return HuggingFaceTextDataLoader.Config(dataset=run.data.dataset, dataset_path=run.data.dataset_path), {}
+    if chat:
+        train, val = _chat_loader(run_dir, "train"), _chat_loader(run_dir, "validation", infinite=False)
+    else:
+        from qwen3_trainium.data import heldout
 
-    src = heldout.register(run)
+        src = heldout.register(run)
+        train = HuggingFaceTextDataLoader.Config(dataset=src.train_dataset, dataset_path=src.train_path)
+        val = HuggingFaceTextDataLoader.Config(dataset=src.val_dataset, dataset_path=src.val_path, infinite=False)
     validator = HeldOutValidator.Config(
-        enable=True,
-        freq=run.eval.freq,
-        steps=run.eval.steps,
-        last_step=run.training.steps,
-        dataloader=HuggingFaceTextDataLoader.Config(
-            dataset=src.val_dataset, dataset_path=src.val_path, infinite=False
-        ),
+        enable=True, freq=run.eval.freq, steps=run.eval.steps, last_step=run.training.steps, dataloader=val
     )
     sample_config = samples.SampleConfig(
         prompts=list(run.eval.sample_prompts) if run.eval.sample_tokens > 0 else [],
         tokens=run.eval.sample_tokens,
         path=os.path.join(run_dir, samples.SAMPLES_JSON),
         tokenizer_dir=run.data.hf_assets_path,
+        chat_template=_chat_template(run) if chat else "",
+        chat_template_kwargs=dict(run.data.chat_template_kwargs or {}),
     )
-    return (
-        {"dataset": src.train_dataset, "dataset_path": src.train_path},
-        {"validator": validator, "samples": sample_config},
-    )
+    return train, {"validator": validator, "samples": sample_config}
+
+
+def _chat_template(run: RunConf) -> str:
+    from qwen3_trainium.data.chat.template import find_template
+
+    found = find_template(run.data.hf_assets_path, run.data.chat_template)
+    return found[1] if found else ""
 
 
 def to_trainer_config(run: RunConf, run_dir: str):
@@ -234,16 +252,15 @@ def to_trainer_config(run: RunConf, run_dir: str):
     registers the held-out loaders in torchtitan's dataset registry, the same every time)."""
     from torchtitan.components.optimizer import LRSchedulersContainer
     from torchtitan.config import CompileConfig, DebugConfig, OverrideConfig, ParallelismConfig
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
     config_cls, model_parts = _model_parts(run)
-    dataset, evaluation = _eval(run, run_dir)
+    dataloader, evaluation = _eval(run, run_dir)
     return config_cls(
         **model_parts,
         **evaluation,
         hf_assets_path=run.data.hf_assets_path,
         dump_folder=run_dir,
-        dataloader=HuggingFaceTextDataLoader.Config(**dataset),
+        dataloader=dataloader,
         optimizer=_optimizer(run),
         lr_scheduler=LRSchedulersContainer.Config(**fields(run.lr_scheduler)),
         training=_training(run),

@@ -75,3 +75,33 @@ class DocumentCausalSDPA(VarlenAttention):
 )
 def document_sdpa(cfg: VarlenAttention.Config) -> DocumentCausalSDPA.Config:
     return derive(cfg, DocumentCausalSDPA.Config)
+
+
+class CausalSDPA(DocumentCausalSDPA):
+    """Causal over the whole row, documents ignored (``model.attn_backend=causal``): SDPA's
+    ``is_causal`` path, no mask tensor. Correct only when a row holds one sample (chat data with
+    ``data.packing=false``); pre-flight refuses it for packed rows."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(DocumentCausalSDPA.Config):
+        pass
+
+    def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False, **kwargs):
+        out_BNLH = F.scaled_dot_product_attention(
+            q_BLNH.transpose(1, 2),
+            k_BLNH.transpose(1, 2),
+            v_BLNH.transpose(1, 2),
+            is_causal=True,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        return out_BNLH.transpose(1, 2)
+
+
+@override(
+    target=VarlenAttention.Config,
+    exact=True,
+    description="causal SDPA over the whole row (one sample per row only)",
+)
+def causal_sdpa(cfg: VarlenAttention.Config) -> CausalSDPA.Config:
+    return derive(cfg, CausalSDPA.Config)

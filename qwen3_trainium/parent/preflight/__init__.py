@@ -13,6 +13,7 @@ ranks import torch, which wait for its verdict before touching a device (``gate.
 from __future__ import annotations
 
 from qwen3_trainium.config.schema import MemoryMode, RunConf
+from qwen3_trainium.parent.preflight.chat import check_attention_masks, check_chat, check_chat_static, is_chat
 from qwen3_trainium.parent.preflight.checkpoint import (
     check_checkpoint_contents,
     check_checkpoint_paths,
@@ -107,7 +108,8 @@ def check_static(run: RunConf, run_dir: str, *, launching: bool) -> list[Problem
         + check_world_size(run)
         + check_nodes(run, launching=launching)
         + check_data(run)
-        + check_corpus(run)
+        + (check_chat_static(run) if is_chat(run) else check_corpus(run))
+        + check_attention_masks(run)
         + check_validation_path(run)
         + check_samples(run)
         + check_probe_length(run)
@@ -138,8 +140,8 @@ def check(
         + check_world_size(run)
         + check_nodes(run, launching=launching)
         + check_data(run)
-        + check_corpus(run)
-        + check_dataset_name(run)
+        + (check_chat_static(run) if is_chat(run) else check_corpus(run) + check_dataset_name(run))
+        + check_attention_masks(run)
         + check_tokenizer_fits(run)
         + check_tokenizer_matches(run, notes)
         + check_validation_path(run)
@@ -151,7 +153,7 @@ def check(
         if needs_hub(run) and not problems:
             problems += check_hub_dataset(run)
     if not problems:
-        problems += check_heldout(run, notes)
+        problems += check_chat(run, notes) if is_chat(run) else check_heldout(run, notes)
     problems += check_checkpoint_paths(run) + check_resume_kind(run, run_dir) + check_shard_size(run)
     problems += version_problems
     notes.append("versions:\n" + table)

@@ -26,7 +26,8 @@ def check_data(run: RunConf) -> list[Problem]:
             )
         )
     path = run.data.dataset_path
-    if path and os.path.isabs(path) and not os.path.isdir(path):
+    chat = run.data.format.value != "text"  # a file, a directory or a cached Hub id: preflight/chat.py
+    if path and os.path.isabs(path) and not os.path.isdir(path) and not chat:
         what = "is a file, not a directory" if os.path.isfile(path) else "does not exist"
         fix = (
             f"data.dataset_path={os.path.dirname(path)}"
@@ -185,7 +186,7 @@ def check_tokenizer_matches(run: RunConf, notes: list[str]) -> list[Problem]:
 
 def needs_hub(run: RunConf) -> bool:
     path = run.data.dataset_path
-    return not (path and os.path.isabs(path))
+    return not (path and os.path.isabs(path)) and run.data.format.value == "text"
 
 
 def hub_offline() -> bool:

@@ -1,0 +1,246 @@
+"""Exact loss masks: which tokens of a rendered conversation the model is trained to produce.
+
+A trained assistant turn is supervised from the end of its generation prompt (what inference
+puts before the model's first token, e.g. ``<|im_start|>assistant\\n``) through its end-of-turn
+token (``<|im_end|>``): reasoning the template renders, the content, tool calls and the token
+that makes the model stop. Nothing else is, except with ``loss_on=all``.
+
+Finding a turn's text. With ``P(k)`` the render of the first ``k`` messages and ``G(k)`` the same
+with a generation prompt, turn ``k`` is ``F[len(G(k)):len(P(k+1))]`` of the whole render ``F``
+when the prefix property holds at its boundaries (``P(k) ⊑ G(k) ⊑ P(k+1) ⊑ F``). Qwen3's
+template breaks it: an assistant turn before the last user message loses its ``<think>`` block
+in ``F``, but keeps it in ``P(k+1)``, where it is the last turn. There the mask is found by
+difference instead, and is just as exact:
+- the turn starts where ``P(k)`` ends (``P(k) ⊑ F`` is checked: it holds whenever the turn
+  follows a user or tool message);
+- its generation prompt is the longest common prefix of ``G(k)``'s tail and ``F`` from there,
+  never reaching into the content, whose start is found by rendering ``F`` again with a private-use
+  character in front of the content (two different ones: where the two renders stop agreeing
+  from the end is where the content starts);
+- it ends with the first end-of-turn token after that.
+A turn neither method can place is never guessed: its conversation is skipped and counted.
+
+``history_thinking``: ``as_rendered`` trains on ``F`` as inference would see the conversation
+later (earlier turns' reasoning dropped where the template drops it); ``keep`` makes one sample
+per trained turn, rendered up to that turn, so every turn's reasoning is trained on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from qwen3_trainium.data.chat.records import Conversation
+from qwen3_trainium.data.chat.template import ChatTokenizer
+
+IGNORE_INDEX = -100  # torchtitan.components.loss.IGNORE_INDEX
+LOSS_ON = ("assistant", "last_assistant", "all")
+HISTORY_THINKING = ("as_rendered", "keep")
+OVERFLOW = ("drop", "truncate")
+SENTINELS = ("\ue002", "\ue003")
+
+
+class MaskError(ValueError):
+    """A conversation whose mask cannot be made exactly: skipped and counted, never guessed."""
+
+
+@dataclass
+class Doc:
+    """One training sample: token ids and, for each, whether the model is trained to produce it."""
+
+    ids: list[int]
+    supervised: list[bool]
+    truncated: bool = False
+
+    def inputs_labels(self) -> tuple[list[int], list[int]]:
+        """Next-token pairs within the document: inputs ``ids[:-1]``, labels ``ids[1:]`` or -100."""
+        labels = [t if s else IGNORE_INDEX for t, s in zip(self.ids[1:], self.supervised[1:])]
+        return self.ids[:-1], labels
+
+    @property
+    def n_supervised(self) -> int:
+        return sum(self.supervised[1:])
+
+
+@dataclass
+class Counts:
+    """What became of the records: the dry run's and the preview's figures."""
+
+    records: int = 0
+    samples: int = 0
+    tokens: int = 0  # input positions of the samples kept
+    supervised: int = 0
+    dropped: int = 0  # longer than seq_len, data.overflow=drop
+    truncated: int = 0
+    skipped: dict = field(default_factory=dict)  # reason -> count
+    fallback_turns: int = 0  # turns placed by difference (the template breaks the prefix property)
+    first_skip: dict = field(default_factory=dict)  # reason -> where (file:line)
+
+    def skip(self, reason: str, where: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        self.first_skip.setdefault(reason, where)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _common_suffix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[-1 - i] == b[-1 - i]:
+        i += 1
+    return i
+
+
+class Masker:
+    def __init__(self, tok: ChatTokenizer, *, loss_on: str = "assistant", history_thinking: str = "as_rendered",
+                 kwargs: dict | None = None) -> None:  # fmt: skip
+        self.tok, self.loss_on, self.history_thinking = tok, loss_on, history_thinking
+        self.kwargs = dict(kwargs or {})
+        self.eot = tok.end_of_turn
+
+    def normalise(self, conv: Conversation) -> Conversation:
+        """Inline ``<think>…</think>`` in an assistant's content as ``reasoning_content``, split
+        exactly as Qwen3's template splits it, for templates that read ``reasoning_content``: the
+        render is unchanged, and the reasoning is a field the masks can place."""
+        if "reasoning_content" not in self.tok.template:
+            return conv
+        messages = []
+        for m in conv.messages:
+            content = m["content"]
+            if m["role"] == "assistant" and "reasoning_content" not in m and "</think>" in content:
+                m = {**m, "reasoning_content": content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n"),
+                     "content": content.split("</think>")[-1].lstrip("\n")}  # fmt: skip
+            messages.append(m)
+        return Conversation(messages, conv.where, conv.tools, conv.kwargs)
+
+    def _render(self, conv: Conversation, messages: list[dict], gen: bool = False) -> str:
+        kwargs = {**self.kwargs, **conv.kwargs}
+        clean = [{k: v for k, v in m.items() if k != "train"} for m in messages]
+        return self.tok.render(clean, add_generation_prompt=gen, tools=conv.tools, **kwargs)
+
+    def trained_turns(self, conv: Conversation) -> list[int]:
+        assistants = [i for i, m in enumerate(conv.messages) if m["role"] == "assistant"]
+        if self.loss_on == "last_assistant":
+            assistants = assistants[-1:]
+        return [i for i in assistants if conv.messages[i].get("train", True)]
+
+    def turn_region(self, conv: Conversation, k: int, full: str) -> tuple[int, int, bool]:
+        """(start, end, by_difference) of turn k's supervised text in ``full``."""
+        msgs = conv.messages
+        before = self._render(conv, msgs[:k]) if k else ""
+        prompt = self._render(conv, msgs[:k], gen=True) if k else ""
+        if not (prompt.startswith(before) and full.startswith(before)):
+            raise MaskError(f"message {k}: the render of the messages before it is not a prefix of the whole")
+        through = self._render(conv, msgs[: k + 1])
+        if full.startswith(through) and through.startswith(prompt):
+            end = through.rfind(self.eot, len(prompt))
+            if end < 0:
+                raise MaskError(f"message {k}: no {self.eot} closes the turn")
+            return len(prompt), end + len(self.eot), False
+        start = len(before) + _common_prefix(prompt[len(before) :], full[len(before) :])
+        start = min(start, self._content_start(conv, k, full))
+        end = full.find(self.eot, start)
+        if end < 0:
+            raise MaskError(f"message {k}: no {self.eot} closes the turn")
+        return start, end + len(self.eot), True
+
+    def _content_start(self, conv: Conversation, k: int, full: str) -> int:
+        renders = []
+        for mark in SENTINELS:
+            msgs = [dict(m) for m in conv.messages]
+            msgs[k]["content"] = mark + msgs[k]["content"]
+            renders.append(self._render(conv, msgs))
+        if renders[0] == renders[1]:
+            raise MaskError(f"message {k}: the template does not render its content verbatim")
+        tail = _common_suffix(*renders)
+        if tail > len(full) or full[len(full) - tail :] != renders[0][len(renders[0]) - tail :]:
+            raise MaskError(f"message {k}: the template changes the content it renders")
+        before = self._render(conv, conv.messages[:k]) if k else ""
+        if len(full) - tail < len(before):
+            raise MaskError(f"message {k}: its content renders before the turn starts")
+        return len(full) - tail
+
+    def regions(self, conv: Conversation, messages_end: int | None = None) -> tuple[str, list[tuple[int, int]], int]:
+        """(render, supervised character regions, turns placed by difference) of the conversation,
+        or of its first ``messages_end`` messages (history_thinking=keep)."""
+        view = conv if messages_end is None else Conversation(conv.messages[:messages_end], conv.where, conv.tools, conv.kwargs)
+        full = self._render(view, view.messages)
+        turns = self.trained_turns(view)
+        if messages_end is not None:
+            turns = [t for t in turns if t == messages_end - 1]
+        placed = [self.turn_region(view, k, full) for k in turns]
+        fallback = sum(1 for *_, by_difference in placed if by_difference)
+        regions = [(a, b) for a, b, _ in placed]
+        if self.loss_on == "all":
+            excluded = [self.turn_region(view, k, full)[:2] for k, m in enumerate(view.messages)
+                        if m["role"] == "assistant" and m.get("train") is False]  # fmt: skip
+            regions, at = [], 0
+            for a, b in sorted(excluded):
+                regions.append((at, a))
+                at = b
+            regions.append((at, len(full)))
+        return full, regions, fallback
+
+    def docs(self, conv: Conversation, counts: Counts | None = None) -> list[Doc]:
+        """The samples of one conversation (history_thinking=keep: one per trained turn)."""
+        counts = counts if counts is not None else Counts()
+        conv = self.normalise(conv)
+        specials = [s for s in self.tok.special_texts if any(s in m["content"] or s in m.get("reasoning_content", "") for m in conv.messages)]
+        if specials:
+            raise MaskError(f"a message holds the special token text {specials[0]}")
+        if self.history_thinking == "keep" and self.loss_on != "all":
+            ends = [k + 1 for k in self.trained_turns(conv)]
+        else:
+            ends = [None]
+        out = []
+        for end in ends:
+            text, regions, fallback = self.regions(conv, end)
+            counts.fallback_turns += fallback
+            ids, offsets = self.tok.encode(text)
+            supervised = [any(s < b and e > a for a, b in regions) for s, e in offsets]
+            out.append(Doc(ids, supervised))
+        return out
+
+
+def fit(doc: Doc, seq_len: int, overflow: str) -> Doc | None:
+    """The document within seq_len input positions: as is, truncated, or None (dropped)."""
+    if len(doc.ids) - 1 <= seq_len:
+        return doc
+    if overflow == "drop":
+        return None
+    return Doc(doc.ids[: seq_len + 1], doc.supervised[: seq_len + 1], truncated=True)
+
+
+def encode(masker: Masker, conv: Conversation, seq_len: int, overflow: str, counts: Counts) -> list[Doc]:
+    """The trainable samples of one conversation, every outcome counted in ``counts``."""
+    import jinja2
+
+    counts.records += 1
+    try:
+        docs = masker.docs(conv, counts)
+    except MaskError as e:
+        counts.skip(f"mask not exact ({e})", conv.where)
+        return []
+    except jinja2.exceptions.TemplateError as e:
+        counts.skip(f"the chat template refused it ({e})", conv.where)
+        return []
+    kept = []
+    for doc in docs:
+        fitted = fit(doc, seq_len, overflow)
+        if fitted is None:
+            counts.dropped += 1
+            continue
+        if fitted.n_supervised == 0:
+            counts.skip("no supervised token" + (" after truncation" if fitted.truncated else ""), conv.where)
+            continue
+        counts.truncated += fitted.truncated
+        counts.samples += 1
+        counts.tokens += len(fitted.ids) - 1
+        counts.supervised += fitted.n_supervised
+        kept.append(fitted)
+    return kept

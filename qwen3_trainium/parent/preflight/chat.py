@@ -1,0 +1,129 @@
+"""Pre-flight checks of chat data (``data.format`` not ``text``, ``data/chat/``): the records,
+the chat template, the masks they make, and attention that keeps packed samples apart.
+
+Cheap ones (``check_chat_static``: paths, the template's presence, combinations of keys) run with
+the static tier; the pass over the records (``check_chat``: every record parsed, at most
+``SCAN_CAP`` rendered, masked and packed) with the full one, which is remembered.
+"""
+
+from __future__ import annotations
+
+import os
+
+from qwen3_trainium.config import runconfig
+from qwen3_trainium.config.schema import AttnBackend, ModelPath, RunConf
+from qwen3_trainium.parent.preflight.problem import Problem
+
+DATA_FIX = "data.dataset_path=<a .jsonl/.json/.parquet file or directory of chat records, or a cached Hub dataset id>"
+FORMAT_FIX = (
+    "records need messages, conversations (ShareGPT), prompt+completion or instruction+output"
+    " (Alpaca); data.format=<one of them> checks every record against it"
+)
+
+
+def is_chat(run: RunConf) -> bool:
+    return run.data.format.value != "text"
+
+
+def check_attention_masks(run: RunConf) -> list[Problem]:
+    """Samples packed into one row must not see each other: model.attn_backend=causal masks
+    nothing but the future, so it is only for unpacked chat data."""
+    if run.model.attn_backend is not AttnBackend.causal:
+        return []
+    if run.model.path is ModelPath.hf:
+        return [Problem("model.attn_backend", "causal", "is for model=native and model=nki_moe",
+                        "model.attn_backend=sdpa (or auto)")]  # fmt: skip
+    if is_chat(run) and not run.data.packing:
+        return []
+    what = "chat samples packed into one row" if is_chat(run) else "the text documents torchtitan packs into one row"
+    fix = "data.packing=false, or model.attn_backend=sdpa (per-sample masks)" if is_chat(run) else "model.attn_backend=sdpa"
+    return [Problem("model.attn_backend", "causal", f"would let {what} attend to each other", fix)]
+
+
+def check_chat_static(run: RunConf) -> list[Problem]:
+    if not is_chat(run):
+        return []
+    from qwen3_trainium.data.chat import records, template
+
+    data = run.data
+    problems = []
+    if records.resolve(data.dataset_path or "") is None:
+        what = "does not exist, and is no Hub dataset in the local cache"
+        problems.append(Problem("data.dataset_path", data.dataset_path, what, DATA_FIX))
+    elif not records.data_files(records.resolve(data.dataset_path)):
+        problems.append(Problem("data.dataset_path", data.dataset_path, "holds no .jsonl, .json or .parquet file", DATA_FIX))
+    if data.chat_template and not os.path.isfile(data.chat_template):
+        problems.append(Problem("data.chat_template", data.chat_template, "does not exist", "data.chat_template=<a .jinja file>"))
+    elif os.path.isfile(os.path.join(data.hf_assets_path, "tokenizer.json")):
+        try:
+            found = template.find_template(data.hf_assets_path, data.chat_template)
+        except (ValueError, OSError) as e:
+            found = None
+            problems.append(Problem("data.chat_template", data.chat_template, str(e), "data.chat_template=<a .jinja file>"))
+        if found is None and not data.chat_template:
+            problems.append(
+                Problem(
+                    "data.hf_assets_path",
+                    data.hf_assets_path,
+                    "the tokenizer has no chat template (no chat_template.jinja, no chat_template in"
+                    " tokenizer_config.json): chat data cannot be rendered as the model will see it",
+                    "data.chat_template=<the model's chat template, a .jinja file>",
+                )
+            )
+    if data.history_thinking.value == "keep" and data.loss_on.value == "all":
+        problems.append(
+            Problem("data.history_thinking", "keep", "with data.loss_on=all would train the earlier turns once per later turn",
+                    "data.history_thinking=as_rendered, or data.loss_on=assistant")  # fmt: skip
+        )
+    if data.preview < 0:
+        problems.append(Problem("data.preview", data.preview, "is negative", "data.preview=<rows to write, 0 for none>"))
+    return problems
+
+
+def dp_ranks(run: RunConf) -> int:
+    deg = runconfig.degrees(run)
+    return max(run.parallel.data_parallel_replicate_degree * deg.shard, 1)
+
+
+def check_chat(run: RunConf, notes: list[str]) -> list[Problem]:
+    """Every record read and placed: a bad record is named by file and line; the counts go to
+    the notes the dry run prints."""
+    if not is_chat(run):
+        return []
+    from qwen3_trainium.data.chat import records, source, template
+
+    try:
+        tok = source.tokenizer(run)
+        eot = tok.end_of_turn
+    except (template.TemplateError, Exception) as e:  # a template that does not render: jinja's own errors
+        return [Problem("data.chat_template", run.data.chat_template or os.path.join(run.data.hf_assets_path, "(template)"),
+                        f"the chat template does not render a conversation: {type(e).__name__}: {e}",
+                        "data.chat_template=<a .jinja file that renders messages>")]  # fmt: skip
+    splits = ("train", "validation") if run.eval.enable else ("train",)
+    problems = []
+    for split in splits:
+        try:
+            summary = source.summarise(run, split)
+        except records.RecordError as e:
+            key = "data.validation_path" if split == "validation" and run.data.validation_path else "data.dataset_path"
+            return [Problem(key, e.where, e.message, FORMAT_FIX)]
+        label = "chat data" if split == "train" else "chat data, held out"
+        notes.extend(f"{label}: {line}" for line in summary.lines())
+        if split == "train":
+            notes.append(f"chat data: template {tok.template_source}; end of turn {eot}")
+        counts, ranks = summary.counts, dp_ranks(run)
+        if counts.samples == 0:
+            skipped = "; ".join(f"{n} {r}" for r, n in sorted(counts.skipped.items())) or "none"
+            problems.append(
+                Problem("data.dataset_path", run.data.dataset_path,
+                        f"no trainable sample in the {split} records ({counts.records} read; {counts.dropped} longer than"
+                        f" seq_len {run.training.seq_len}; skipped: {skipped})",
+                        "data.overflow=truncate or a larger training.seq_len, or data.loss_on=<assistant|all>")  # fmt: skip
+            )
+        elif split == "train" and summary.scanned == summary.total and summary.rows < ranks:
+            problems.append(
+                Problem("data.dataset_path", run.data.dataset_path,
+                        f"{summary.rows} rows of training data for {ranks} data-parallel ranks: a rank would have none",
+                        "more records, or fewer data-parallel ranks")  # fmt: skip
+            )
+    return problems
