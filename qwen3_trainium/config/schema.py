@@ -156,7 +156,9 @@ class DataConf:
     # exact loss masks, samples packed with per-document positions.
     format: DataFormat = DataFormat.text
     chat_template: str | None = None  # a .jinja (or tokenizer_config.json) when the tokenizer has none
-    chat_template_kwargs: dict = field(default_factory=dict)  # e.g. {enable_thinking: false}; a record's own win
+    chat_template_kwargs: dict = field(
+        default_factory=dict
+    )  # e.g. {enable_thinking: false}; a record's own win
     loss_on: LossOn = LossOn.assistant
     history_thinking: HistoryThinking = HistoryThinking.as_rendered
     overflow: Overflow = Overflow.drop

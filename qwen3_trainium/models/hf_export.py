@@ -26,10 +26,13 @@ INDEX_NAME = "model.safetensors.index.json"
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
-def complete_hf_export(export_dir: str, config_json: str, tokenizer_dir: str, source_dir: str = "") -> None:
+def complete_hf_export(
+    export_dir: str, config_json: str, tokenizer_dir: str, source_dir: str = "", chat_template: str = ""
+) -> None:
     """Make a torchtitan HF export a directory ``from_pretrained`` loads on its own, in place of
     its source: config.json (the source's own when there is one), generation_config.json, and the
-    tokenizer files with their chat template."""
+    tokenizer files with their chat template (``chat_template``: the text of the one the run
+    trained through, when it is not the tokenizer's own: ``data.chat_template``)."""
     shutil.rmtree(os.path.join(export_dir, "sharded"), ignore_errors=True)
     if config_json:
         with open(os.path.join(export_dir, "config.json"), "w") as f:
@@ -40,6 +43,9 @@ def complete_hf_export(export_dir: str, config_json: str, tokenizer_dir: str, so
         source = os.path.join(directory, name)
         if os.path.isfile(source):
             shutil.copy(source, os.path.join(export_dir, name))
+    if chat_template:
+        with open(os.path.join(export_dir, "chat_template.jinja"), "w", encoding="utf-8") as f:
+            f.write(chat_template)
 
 
 def parse_size(text: str) -> int:

@@ -71,6 +71,9 @@ class Qwen3CheckpointManager(CheckpointManager):
         hf_max_shard_size: str = "5GB"
         """The export's safetensors files are at most this large (more: shards plus the index)."""
 
+        chat_template: str = ""
+        """The text of data.chat_template: written into an HF export as chat_template.jinja."""
+
     def __init__(self, config: Config, **kwargs) -> None:
         super().__init__(config, **kwargs)
         if not self.enable:
@@ -120,7 +123,13 @@ class Qwen3CheckpointManager(CheckpointManager):
             return
         export_dir = self._create_checkpoint_id(curr_step)
         if not dist.is_initialized() or dist.get_rank() == 0:
-            complete_hf_export(export_dir, config_json, self._export.tokenizer_dir, self._export.source_dir)
+            complete_hf_export(
+                export_dir,
+                config_json,
+                self._export.tokenizer_dir,
+                self._export.source_dir,
+                self._export.chat_template,
+            )
             reshard(export_dir, parse_size(self._export.hf_max_shard_size))
         if self._export.probe_path:
             model = self.states["model"].model[0]

@@ -142,6 +142,7 @@ def _checkpoint(run: RunConf, spec, run_dir: str):
             hf_config_json=_hf_config_json(spec, source),
             tokenizer_dir=run.data.hf_assets_path,
             source_dir=source or "",
+            chat_template=_chat_template(run, text=True) if run.data.chat_template else "",
         )
         if run.checkpoint.export_check:
             kwargs["probe_path"] = os.path.join(run_dir, PROBE_NAME)
@@ -202,7 +203,9 @@ def _chat_loader(run_dir: str, split: str, infinite: bool = True):
     """Chat data (``data/chat/``): the rows are built from the run's resolved config."""
     from qwen3_trainium.data.chat.loader import ChatDataLoader
 
-    return ChatDataLoader.Config(config_path=runconfig.rank_config_path(run_dir), split=split, infinite=infinite)
+    return ChatDataLoader.Config(
+        config_path=runconfig.rank_config_path(run_dir), split=split, infinite=infinite
+    )
 
 
 def _eval(run: RunConf, run_dir: str) -> tuple[object, dict]:
@@ -217,7 +220,9 @@ def _eval(run: RunConf, run_dir: str) -> tuple[object, dict]:
     if not run.eval.enable:
         if chat:
             return _chat_loader(run_dir, "train"), {}
-        return HuggingFaceTextDataLoader.Config(dataset=run.data.dataset, dataset_path=run.data.dataset_path), {}
+        return HuggingFaceTextDataLoader.Config(
+            dataset=run.data.dataset, dataset_path=run.data.dataset_path
+        ), {}
     if chat:
         train, val = _chat_loader(run_dir, "train"), _chat_loader(run_dir, "validation", infinite=False)
     else:
@@ -225,7 +230,9 @@ def _eval(run: RunConf, run_dir: str) -> tuple[object, dict]:
 
         src = heldout.register(run)
         train = HuggingFaceTextDataLoader.Config(dataset=src.train_dataset, dataset_path=src.train_path)
-        val = HuggingFaceTextDataLoader.Config(dataset=src.val_dataset, dataset_path=src.val_path, infinite=False)
+        val = HuggingFaceTextDataLoader.Config(
+            dataset=src.val_dataset, dataset_path=src.val_path, infinite=False
+        )
     validator = HeldOutValidator.Config(
         enable=True, freq=run.eval.freq, steps=run.eval.steps, last_step=run.training.steps, dataloader=val
     )
@@ -240,11 +247,12 @@ def _eval(run: RunConf, run_dir: str) -> tuple[object, dict]:
     return train, {"validator": validator, "samples": sample_config}
 
 
-def _chat_template(run: RunConf) -> str:
+def _chat_template(run: RunConf, text: bool = False) -> str:
+    """Where the run's chat template comes from (``text``: its text); empty when there is none."""
     from qwen3_trainium.data.chat.template import find_template
 
     found = find_template(run.data.hf_assets_path, run.data.chat_template)
-    return found[1] if found else ""
+    return "" if found is None else found[0] if text else found[1]
 
 
 def to_trainer_config(run: RunConf, run_dir: str):

@@ -58,7 +58,9 @@ class ChatDataLoader(ParallelAwareDataloader):
                  local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs) -> None:  # fmt: skip
         run = runconfig.load(config.config_path)
         run.training.seq_len = seq_len
-        rows = ChatRows(run, config.split, dp_rank=dp_rank, dp_world_size=dp_world_size, infinite=config.infinite)
+        rows = ChatRows(
+            run, config.split, dp_rank=dp_rank, dp_world_size=dp_world_size, infinite=config.infinite
+        )
         super().__init__(
             rows,
             dp_rank=dp_rank,

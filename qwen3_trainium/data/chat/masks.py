@@ -13,10 +13,9 @@ in ``F``, but keeps it in ``P(k+1)``, where it is the last turn. There the mask 
 difference instead, and is just as exact:
 - the turn starts where ``P(k)`` ends (``P(k) ⊑ F`` is checked: it holds whenever the turn
   follows a user or tool message);
-- its generation prompt is the longest common prefix of ``G(k)``'s tail and ``F`` from there,
-  never reaching into the content, whose start is found by rendering ``F`` again with a private-use
-  character in front of the content (two different ones: where the two renders stop agreeing
-  from the end is where the content starts);
+- its generation prompt is the longest common prefix of ``G(k)``'s tail and the turn, measured
+  on a render with a private-use character in front of the content (no prompt holds one, so the
+  match stops before the content), which must open the turn exactly as ``F`` does;
 - it ends with the first end-of-turn token after that.
 A turn neither method can place is never guessed: its conversation is skipped and counted.
 
@@ -36,7 +35,7 @@ IGNORE_INDEX = -100  # torchtitan.components.loss.IGNORE_INDEX
 LOSS_ON = ("assistant", "last_assistant", "all")
 HISTORY_THINKING = ("as_rendered", "keep")
 OVERFLOW = ("drop", "truncate")
-SENTINELS = ("\ue002", "\ue003")
+SENTINEL = "\ue002"  # a private-use character: no template or tokenizer gives it a meaning
 
 
 class MaskError(ValueError):
@@ -53,7 +52,7 @@ class Doc:
 
     def inputs_labels(self) -> tuple[list[int], list[int]]:
         """Next-token pairs within the document: inputs ``ids[:-1]``, labels ``ids[1:]`` or -100."""
-        labels = [t if s else IGNORE_INDEX for t, s in zip(self.ids[1:], self.supervised[1:])]
+        labels = [t if s else IGNORE_INDEX for t, s in zip(self.ids[1:], self.supervised[1:], strict=False)]
         return self.ids[:-1], labels
 
     @property
@@ -84,14 +83,6 @@ def _common_prefix(a: str, b: str) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-def _common_suffix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[-1 - i] == b[-1 - i]:
         i += 1
     return i
 
@@ -142,33 +133,37 @@ class Masker:
             if end < 0:
                 raise MaskError(f"message {k}: no {self.eot} closes the turn")
             return len(prompt), end + len(self.eot), False
-        start = len(before) + _common_prefix(prompt[len(before) :], full[len(before) :])
-        start = min(start, self._content_start(conv, k, full))
+        start = len(before) + self._opening(conv, k, full, prompt[len(before) :], len(before))
         end = full.find(self.eot, start)
         if end < 0:
             raise MaskError(f"message {k}: no {self.eot} closes the turn")
         return start, end + len(self.eot), True
 
-    def _content_start(self, conv: Conversation, k: int, full: str) -> int:
-        renders = []
-        for mark in SENTINELS:
-            msgs = [dict(m) for m in conv.messages]
-            msgs[k]["content"] = mark + msgs[k]["content"]
-            renders.append(self._render(conv, msgs))
-        if renders[0] == renders[1]:
+    def _opening(self, conv: Conversation, k: int, full: str, generation_prompt: str, at: int) -> int:
+        """How much of the generation prompt opens turn k in ``full`` (from ``at``, where the turn
+        starts). Measured on a render whose content starts with a private-use character, which no
+        prompt holds, so the match cannot run into the content; that render must open the turn as
+        ``full`` does."""
+        msgs = [dict(m) for m in conv.messages]
+        msgs[k]["content"] = SENTINEL + msgs[k]["content"]
+        marked = self._render(conv, msgs)
+        if SENTINEL not in marked[at:]:
             raise MaskError(f"message {k}: the template does not render its content verbatim")
-        tail = _common_suffix(*renders)
-        if tail > len(full) or full[len(full) - tail :] != renders[0][len(renders[0]) - tail :]:
-            raise MaskError(f"message {k}: the template changes the content it renders")
-        before = self._render(conv, conv.messages[:k]) if k else ""
-        if len(full) - tail < len(before):
-            raise MaskError(f"message {k}: its content renders before the turn starts")
-        return len(full) - tail
+        length = _common_prefix(generation_prompt, marked[at:])
+        if not marked.startswith(full[: at + length]):
+            raise MaskError(f"message {k}: the template opens the turn differently with other content")
+        return length
 
-    def regions(self, conv: Conversation, messages_end: int | None = None) -> tuple[str, list[tuple[int, int]], int]:
+    def regions(
+        self, conv: Conversation, messages_end: int | None = None
+    ) -> tuple[str, list[tuple[int, int]], int]:
         """(render, supervised character regions, turns placed by difference) of the conversation,
         or of its first ``messages_end`` messages (history_thinking=keep)."""
-        view = conv if messages_end is None else Conversation(conv.messages[:messages_end], conv.where, conv.tools, conv.kwargs)
+        view = (
+            conv
+            if messages_end is None
+            else Conversation(conv.messages[:messages_end], conv.where, conv.tools, conv.kwargs)
+        )
         full = self._render(view, view.messages)
         turns = self.trained_turns(view)
         if messages_end is not None:
@@ -190,7 +185,11 @@ class Masker:
         """The samples of one conversation (history_thinking=keep: one per trained turn)."""
         counts = counts if counts is not None else Counts()
         conv = self.normalise(conv)
-        specials = [s for s in self.tok.special_texts if any(s in m["content"] or s in m.get("reasoning_content", "") for m in conv.messages)]
+        specials = [
+            s
+            for s in self.tok.special_texts
+            if any(s in m["content"] or s in m.get("reasoning_content", "") for m in conv.messages)
+        ]
         if specials:
             raise MaskError(f"a message holds the special token text {specials[0]}")
         if self.history_thinking == "keep" and self.loss_on != "all":

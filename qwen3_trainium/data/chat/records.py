@@ -85,7 +85,7 @@ def data_files(path: str) -> list[str]:
 
 
 def split_of(relative: str) -> str:
-    """"validation", "test", "train" or "" (unnamed), from a file's path below the dataset root."""
+    """ "validation", "test", "train" or "" (unnamed), from a file's path below the dataset root."""
     name = relative.lower()
     for split, pattern in (("validation", _VALIDATION), ("test", _TEST), ("train", _TRAIN)):
         if pattern.search(name):
@@ -231,7 +231,11 @@ def _prompt_completion(record: dict, where: str) -> list[dict]:
 def _alpaca(record: dict, where: str) -> list[dict]:
     instruction = _text(record["instruction"], where, "instruction")
     extra = _text(record.get("input"), where, "input")
-    messages = [{"role": "system", "content": _text(record["system"], where, "system")}] if record.get("system") else []
+    messages = (
+        [{"role": "system", "content": _text(record["system"], where, "system")}]
+        if record.get("system")
+        else []
+    )
     user = f"{instruction}\n\n{extra}" if extra else instruction
     return messages + [
         {"role": "user", "content": user},

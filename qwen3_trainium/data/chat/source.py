@@ -131,7 +131,10 @@ def write_preview(run, run_dir: str, n: int, world: int = 1) -> tuple[str, str]:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, PREVIEW_JSONL), "w") as f:
         for i, row in enumerate(rows):
-            f.write(json.dumps({"input_ids": row.input_ids, "labels": row.labels, "positions": row.positions}) + "\n")
+            f.write(
+                json.dumps({"input_ids": row.input_ids, "labels": row.labels, "positions": row.positions})
+                + "\n"
+            )
             supervised = sum(label >= 0 for label in row.labels)
             md += [f"## Row {i + 1}: {row.documents} sample{'s' if row.documents != 1 else ''}, "
                    f"{row.real} of {run.training.seq_len} positions are tokens, {supervised} supervised", ""]  # fmt: skip

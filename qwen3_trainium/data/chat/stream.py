@@ -133,14 +133,18 @@ class Summary:
     def lines(self) -> list[str]:
         c = self.counts
         share = c.supervised / c.tokens if c.tokens else 0.0
-        head = f"{self.total} records" + (f" (counted on the first {self.scanned})" if self.scanned < self.total else "")
+        head = f"{self.total} records" + (
+            f" (counted on the first {self.scanned})" if self.scanned < self.total else ""
+        )
         out = [
             f"{head}: {c.samples} samples, {c.tokens} tokens, {c.supervised} supervised ({100 * share:.1f}%)",
             f"longer than seq_len: {c.dropped} dropped, {c.truncated} truncated",
             f"packed into {self.rows} rows of {self.seq_len}: {100 * self.efficiency:.1f}% of positions are tokens",
         ]
         if c.fallback_turns:
-            out.append(f"{c.fallback_turns} assistant turns placed by difference (the template drops earlier reasoning)")
+            out.append(
+                f"{c.fallback_turns} assistant turns placed by difference (the template drops earlier reasoning)"
+            )
         for reason, count in sorted(c.skipped.items()):
             out.append(f"skipped {count}: {reason}, first at {c.first_skip[reason]}")
         return out

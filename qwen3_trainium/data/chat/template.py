@@ -91,9 +91,13 @@ def _compile(text: str):
         raise jinja2.exceptions.TemplateError(message)
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -137,7 +141,9 @@ class ChatTokenizer:
         values = {n: _special(self._config.get(n)) for n in names}
         return {n: v for n, v in values.items() if v}
 
-    def render(self, messages: list[dict], *, add_generation_prompt: bool = False, tools=None, **kwargs) -> str:
+    def render(
+        self, messages: list[dict], *, add_generation_prompt: bool = False, tools=None, **kwargs
+    ) -> str:
         return _compile(self.template).render(
             messages=messages,
             tools=tools,
@@ -158,10 +164,12 @@ class ChatTokenizer:
         text = self.render(probe)
         at = text.find(PROBE_ASSISTANT)
         if at < 0:
-            raise TemplateError(f"the chat template ({self.template_source}) does not render an assistant message's content")
+            raise TemplateError(
+                f"the chat template ({self.template_source}) does not render an assistant message's content"
+            )
         specials = {t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special}
         ids, offsets = self.encode(text[at + 1 :])
-        for token_id, _ in zip(ids, offsets):
+        for token_id, _ in zip(ids, offsets, strict=False):
             token = self.tokenizer.id_to_token(token_id)
             if token in specials:
                 return token

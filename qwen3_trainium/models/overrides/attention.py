@@ -86,7 +86,9 @@ class CausalSDPA(DocumentCausalSDPA):
     class Config(DocumentCausalSDPA.Config):
         pass
 
-    def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False, **kwargs):
+    def forward(
+        self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False, **kwargs
+    ):
         out_BNLH = F.scaled_dot_product_attention(
             q_BLNH.transpose(1, 2),
             k_BLNH.transpose(1, 2),

@@ -35,8 +35,16 @@ def check_attention_masks(run: RunConf) -> list[Problem]:
                         "model.attn_backend=sdpa (or auto)")]  # fmt: skip
     if is_chat(run) and not run.data.packing:
         return []
-    what = "chat samples packed into one row" if is_chat(run) else "the text documents torchtitan packs into one row"
-    fix = "data.packing=false, or model.attn_backend=sdpa (per-sample masks)" if is_chat(run) else "model.attn_backend=sdpa"
+    what = (
+        "chat samples packed into one row"
+        if is_chat(run)
+        else "the text documents torchtitan packs into one row"
+    )
+    fix = (
+        "data.packing=false, or model.attn_backend=sdpa (per-sample masks)"
+        if is_chat(run)
+        else "model.attn_backend=sdpa"
+    )
     return [Problem("model.attn_backend", "causal", f"would let {what} attend to each other", fix)]
 
 
@@ -51,15 +59,30 @@ def check_chat_static(run: RunConf) -> list[Problem]:
         what = "does not exist, and is no Hub dataset in the local cache"
         problems.append(Problem("data.dataset_path", data.dataset_path, what, DATA_FIX))
     elif not records.data_files(records.resolve(data.dataset_path)):
-        problems.append(Problem("data.dataset_path", data.dataset_path, "holds no .jsonl, .json or .parquet file", DATA_FIX))
+        problems.append(
+            Problem(
+                "data.dataset_path", data.dataset_path, "holds no .jsonl, .json or .parquet file", DATA_FIX
+            )
+        )
     if data.chat_template and not os.path.isfile(data.chat_template):
-        problems.append(Problem("data.chat_template", data.chat_template, "does not exist", "data.chat_template=<a .jinja file>"))
+        problems.append(
+            Problem(
+                "data.chat_template",
+                data.chat_template,
+                "does not exist",
+                "data.chat_template=<a .jinja file>",
+            )
+        )
     elif os.path.isfile(os.path.join(data.hf_assets_path, "tokenizer.json")):
         try:
             found = template.find_template(data.hf_assets_path, data.chat_template)
         except (ValueError, OSError) as e:
             found = None
-            problems.append(Problem("data.chat_template", data.chat_template, str(e), "data.chat_template=<a .jinja file>"))
+            problems.append(
+                Problem(
+                    "data.chat_template", data.chat_template, str(e), "data.chat_template=<a .jinja file>"
+                )
+            )
         if found is None and not data.chat_template:
             problems.append(
                 Problem(
@@ -72,11 +95,17 @@ def check_chat_static(run: RunConf) -> list[Problem]:
             )
     if data.history_thinking.value == "keep" and data.loss_on.value == "all":
         problems.append(
-            Problem("data.history_thinking", "keep", "with data.loss_on=all would train the earlier turns once per later turn",
-                    "data.history_thinking=as_rendered, or data.loss_on=assistant")  # fmt: skip
+            Problem(
+                "data.history_thinking",
+                "keep",
+                "with data.loss_on=all would train the earlier turns once per later turn",
+                "data.history_thinking=as_rendered, or data.loss_on=assistant",
+            )  # fmt: skip
         )
     if data.preview < 0:
-        problems.append(Problem("data.preview", data.preview, "is negative", "data.preview=<rows to write, 0 for none>"))
+        problems.append(
+            Problem("data.preview", data.preview, "is negative", "data.preview=<rows to write, 0 for none>")
+        )
     return problems
 
 
@@ -105,7 +134,11 @@ def check_chat(run: RunConf, notes: list[str]) -> list[Problem]:
         try:
             summary = source.summarise(run, split)
         except records.RecordError as e:
-            key = "data.validation_path" if split == "validation" and run.data.validation_path else "data.dataset_path"
+            key = (
+                "data.validation_path"
+                if split == "validation" and run.data.validation_path
+                else "data.dataset_path"
+            )
             return [Problem(key, e.where, e.message, FORMAT_FIX)]
         label = "chat data" if split == "train" else "chat data, held out"
         notes.extend(f"{label}: {line}" for line in summary.lines())
@@ -115,15 +148,21 @@ def check_chat(run: RunConf, notes: list[str]) -> list[Problem]:
         if counts.samples == 0:
             skipped = "; ".join(f"{n} {r}" for r, n in sorted(counts.skipped.items())) or "none"
             problems.append(
-                Problem("data.dataset_path", run.data.dataset_path,
-                        f"no trainable sample in the {split} records ({counts.records} read; {counts.dropped} longer than"
-                        f" seq_len {run.training.seq_len}; skipped: {skipped})",
-                        "data.overflow=truncate or a larger training.seq_len, or data.loss_on=<assistant|all>")  # fmt: skip
+                Problem(
+                    "data.dataset_path",
+                    run.data.dataset_path,
+                    f"no trainable sample in the {split} records ({counts.records} read; {counts.dropped} longer than"
+                    f" seq_len {run.training.seq_len}; skipped: {skipped})",
+                    "data.overflow=truncate or a larger training.seq_len, or data.loss_on=<assistant|all>",
+                )  # fmt: skip
             )
         elif split == "train" and summary.scanned == summary.total and summary.rows < ranks:
             problems.append(
-                Problem("data.dataset_path", run.data.dataset_path,
-                        f"{summary.rows} rows of training data for {ranks} data-parallel ranks: a rank would have none",
-                        "more records, or fewer data-parallel ranks")  # fmt: skip
+                Problem(
+                    "data.dataset_path",
+                    run.data.dataset_path,
+                    f"{summary.rows} rows of training data for {ranks} data-parallel ranks: a rank would have none",
+                    "more records, or fewer data-parallel ranks",
+                )  # fmt: skip
             )
     return problems

@@ -1,0 +1,145 @@
+"""data=chat end to end: the smoke run trains and previews, packed and unpacked rows give the same
+step-1 loss, bad chat input is refused before anything starts, held-out chat loss, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import ROOT, read_metrics, resolve, run_launch, start_launch
+
+from qwen3_trainium.data import assets
+from qwen3_trainium.data.chat import source
+
+CHAT = ["data=chat", "smoke=on", "tracking=off"]
+
+
+def test_chat_smoke_trains_and_writes_the_preview(tmp_path):
+    proc = run_launch("model=native", *CHAT, "data.preview=4", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [r["loss"] for r in read_metrics(tmp_path)]
+    assert len(losses) == 10 and losses[-1] < losses[0] - 1.0, losses
+    rows = [json.loads(line) for line in open(tmp_path / "data_preview.jsonl")]
+    assert len(rows) == 4
+    for row in rows:
+        assert set(row) == {"input_ids", "labels", "positions"}
+        assert len(row["input_ids"]) == len(row["labels"]) == len(row["positions"]) == 256
+        assert -100 in row["labels"] and any(label >= 0 for label in row["labels"])
+    md = (tmp_path / "data_preview.md").read_text()
+    assert md.count("## Row") == 4 and "⟦" in md
+    assert "chat data: 600 records: 600 samples" in proc.stdout
+
+
+def test_packed_and_unpacked_training_give_the_same_step_1_loss(tmp_path):
+    """Step 1 packed: one row of k samples; unpacked: the same k samples, one per row (batch k).
+    The loss is the summed loss over every supervised token divided by their global count
+    (torchtitan's global_valid_tokens), so the two must agree."""
+    k = source.preview_rows(resolve("data=chat", "smoke=on"), 1)[0].documents
+    assert k >= 2
+    common = ["model=native", *CHAT, "training.steps=1", "lr_scheduler.warmup_steps=1", "debug.seed=0"]
+    packed = run_launch(*common, f"hydra.run.dir={tmp_path / 'packed'}")
+    unpacked = run_launch(
+        *common,
+        "data.packing=false",
+        f"training.local_batch_size={k}",
+        f"hydra.run.dir={tmp_path / 'unpacked'}",
+    )
+    assert packed.returncode == 0 and unpacked.returncode == 0, (packed.stderr + unpacked.stderr)[-3000:]
+    a, b = (read_metrics(tmp_path / d)[0]["loss"] for d in ("packed", "unpacked"))
+    print(f"step-1 loss: packed {a:.8f} unpacked ({k} rows) {b:.8f} diff {abs(a - b):.2e}")
+    assert abs(a - b) <= 1e-5
+
+
+def test_dry_run_prints_the_chat_counts(dry_run, tmp_path):
+    (status, code), out, err = dry_run(ROOT, tmp_path, *CHAT, "eval=on")
+    assert (status, code) == ("dry_run", 0), err
+    assert "chat data: 600 records: 600 samples" in out and "supervised (" in out
+    assert "longer than seq_len: 0 dropped, 0 truncated" in out and "% of positions are tokens" in out
+    assert "chat data, held out: 60 records" in out
+
+
+def _no_template_tokenizer(tmp_path):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(assets.TOKENIZER_DIR / name, tok / name)
+    return tok
+
+
+@pytest.mark.parametrize(
+    "overrides, key, words",
+    [
+        (["data.hf_assets_path={tok}"], "data.hf_assets_path", "data.chat_template=<"),
+        (["data.dataset_path={tmp}/none.jsonl"], "data.dataset_path", "does not exist"),
+        (["data.dataset_path={tmp}/bad.jsonl"], "data.dataset_path", "no known chat format"),
+        (["model.attn_backend=causal"], "model.attn_backend", "data.packing=false"),
+        (
+            ["data.history_thinking=keep", "data.loss_on=all"],
+            "data.history_thinking",
+            "data.loss_on=assistant",
+        ),
+    ],
+)
+def test_bad_chat_input_is_refused_before_anything_starts(overrides, key, words, tmp_path, dry_run):
+    tok = _no_template_tokenizer(tmp_path)
+    (tmp_path / "bad.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n{"question": "x"}\n'
+    )
+    args = [o.format(tok=tok, tmp=tmp_path) for o in overrides]
+    (status, code), out, err = dry_run(ROOT, tmp_path / "run", "model=native", *CHAT, *args)
+    assert (status, code) == ("failed", 2)
+    assert f"- {key} = " in err and words in err, err
+    assert "Traceback" not in err + out
+    if "bad.jsonl" in args[0]:
+        assert "bad.jsonl:2" in err and "keys found: ['question']" in err
+
+
+def test_eval_on_scores_held_out_chat_and_samples_through_the_template(tmp_path):
+    proc = run_launch("model=native", *CHAT, "eval=on", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = read_metrics(tmp_path, merge=True)[-1]
+    assert "val_loss" in last and last["val_loss"] < 6.5
+    record = json.loads((tmp_path / "samples.json").read_text())
+    assert record["chat_template"].endswith("chat_template.jinja")
+    tok = source.tokenizer(resolve("data=chat"))
+    assert record["samples"][0]["prompt_ids"] == tok.prompt_ids("What is the capital of France?")
+    assert tok.end_of_turn_id in record["eos_ids"]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_kill_and_resume_mid_epoch_is_exact_on_chat_data(tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    resume = ["model=native", *CHAT, "checkpoint=resume", "checkpoint.interval=10", "training.steps=30"]
+    proc = run_launch(*resume, f"hydra.run.dir={straight}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    first = start_launch(
+        *resume, f"hydra.run.dir={killed}", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 300
+    while not (killed / "checkpoint" / "step-10" / ".metadata").exists():
+        assert time.time() < deadline and first.poll() is None, "no checkpoint at step 10"
+        time.sleep(0.05)
+    for pid in [w for torchrun in _children(first.pid) for w in _children(torchrun)]:
+        os.kill(pid, signal.SIGKILL)
+    assert first.wait(timeout=120) != 0
+    again = run_launch(*resume, f"hydra.run.dir={killed}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    losses = {d.name: {r["step"]: r["loss"] for r in read_metrics(d)} for d in (straight, killed)}
+    diffs = [abs(losses["straight"][s] - losses["killed"][s]) for s in range(11, 31)]
+    print(f"chat resume: steps 11-30 max |loss diff| {max(diffs):.2e}; final {losses['killed'][30]:.6f}")
+    assert max(diffs) <= 1e-5
