@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-neuron lock doctor test-neuron test-gpu test-heavy smoke smoke-native smoke-hf smoke-nki-moe sweep-paths wandb-sync test test-fast lint format bench bench-compile bench-paths assets clean
+.PHONY: setup setup-neuron lock doctor test-neuron test-gpu test-heavy smoke smoke-native smoke-hf smoke-nki-moe smoke-chat sweep-paths wandb-sync test test-fast lint format bench bench-compile bench-paths assets clean
 
 setup: $(STAMP)
 
@@ -57,6 +57,10 @@ smoke-hf: setup
 
 smoke-nki-moe: setup
 	$(PY) launch.py model=nki_moe smoke=on
+
+# Supervised fine-tuning on the shipped conversations (data=chat), with a preview of the rows.
+smoke-chat: setup
+	$(PY) launch.py model=native smoke=on data=chat data.preview=4
 
 # The three training paths side by side: one summary table, summary.csv/md and loss.png.
 sweep-paths: setup

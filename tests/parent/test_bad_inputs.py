@@ -78,6 +78,8 @@ def _wrong_type(annotation) -> str:
         return "abc"
     if annotation is str:
         return "[1,2]"
+    if annotation is dict:
+        return "[1,2]"
     raise AssertionError(f"no wrong-type value for {annotation}")
 
 
@@ -123,6 +125,7 @@ OUT_OF_RANGE = {
     "eval.sample_tokens": ["-1"],
     "eval.sample_prompts": ["['']"],
     "data.validation_fraction": ["0", "0.9"],
+    "data.preview": ["-1"],
     "memory.timeout": ["0"],
 }
 

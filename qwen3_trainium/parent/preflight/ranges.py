@@ -163,6 +163,7 @@ RANGES: tuple[Range, ...] = (
         "eval.steps=8",
     ),
     Range("eval.sample_tokens", _nonneg, ">= 0 (0: no samples)", "eval.sample_tokens=24"),
+    Range("data.preview", _nonneg, ">= 0 (0: no preview)", "data.preview=4"),
     Range(
         "eval.sample_prompts",
         lambda v, _r: all(str(p).strip() for p in v),
