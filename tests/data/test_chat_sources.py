@@ -43,7 +43,11 @@ def _hub_cache(root, repo: str = "q3t/chat-sft") -> str:
 
 
 def test_a_cached_hub_dataset_trains_from_its_train_split_offline(tmp_path, monkeypatch, dry_run):
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    # read at import: an earlier test may have imported huggingface_hub already
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     repo = _hub_cache(tmp_path / "hub")
     snapshot = records.resolve(repo)
     assert snapshot and snapshot.endswith(COMMIT)

@@ -4,8 +4,8 @@
 a dry run, or the same job run again, need not pay that twice. The key is a hash of
 - the resolved config (without ``run_name`` and ``dry_run``) and whether it is launching;
 - the installed versions of the stack, and this package's source files (name, size, mtime);
-- the inputs the checks read: the tokenizer, data and checkpoint paths (each entry's name, size
-  and mtime, one level deep), the run directory's checkpoint folder (what a resume finds);
+- the inputs the checks read: the tokenizer, data (a cached Hub dataset's snapshot), chat
+  template and checkpoint paths (each entry's name, size and mtime, one level deep), the run directory's checkpoint folder (what a resume finds);
 - the environment the checks read (Slurm's variables, visible devices, Hugging Face offline
   switches, ``PATH`` and ``CXX``, where Inductor's C++ compiler is looked up) and whether an
   accelerator is present.
@@ -71,6 +71,8 @@ def key(run: RunConf, run_dir: str, *, launching: bool, versions: dict[str, str 
                 run.data.hf_assets_path,
                 run.data.dataset_path,
                 run.data.validation_path,
+                run.data.chat_template,
+                _hub_dataset(run),
                 ck.initial_load_path,
                 run.model.hf_model,
             )
@@ -80,6 +82,16 @@ def key(run: RunConf, run_dir: str, *, launching: bool, versions: dict[str, str 
         "accelerator": devices.accelerator_present(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _hub_dataset(run: RunConf) -> str | None:
+    """Chat data from a cached Hub dataset: its snapshot directory (a new commit is new input)."""
+    path = run.data.dataset_path
+    if run.data.format.value == "text" or not path or os.path.exists(path):
+        return None
+    from qwen3_trainium.data.chat.records import hub_snapshot
+
+    return hub_snapshot(path)
 
 
 def load(digest: str) -> tuple[list[str], dict] | None:
