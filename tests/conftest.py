@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,29 @@ def run_launch(*args: str, cwd: Path = ROOT, timeout: float = 600, env: dict | N
             proc.kill()
             raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def launch_killed_after(checkpoint: Path, *args: str) -> None:
+    """``python launch.py ARGS`` started, then every torchrun worker SIGKILLed as soon as
+    ``checkpoint`` (a DCP step folder) is complete: a crash just after a save."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    first = start_launch(*args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (checkpoint / ".metadata").exists():
+        assert time.time() < deadline and first.poll() is None, f"no checkpoint {checkpoint.name}"
+        time.sleep(0.05)
+    workers = [w for torchrun in _children(first.pid) for w in _children(torchrun)]
+    assert workers, "torchrun's workers not found"
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    assert first.wait(timeout=120) != 0
 
 
 def _marked(token: str) -> list[int]:

@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
-import time
 
 import pytest
-from conftest import ROOT, read_metrics, resolve, run_launch, start_launch
+from conftest import ROOT, launch_killed_after, read_metrics, resolve, run_launch
 
 from qwen3_trainium.data import assets
 from qwen3_trainium.data.chat import source
@@ -122,14 +120,6 @@ def test_eval_on_scores_held_out_chat_and_samples_through_the_template(tmp_path)
     assert tok.end_of_turn_id in record["eos_ids"]
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
-
-
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_kill_and_resume_mid_epoch_is_exact_on_chat_data(tmp_path):
@@ -137,17 +127,7 @@ def test_kill_and_resume_mid_epoch_is_exact_on_chat_data(tmp_path):
     resume = ["model=native", *CHAT, "checkpoint=resume", "checkpoint.interval=10", "training.steps=30"]
     proc = run_launch(*resume, f"hydra.run.dir={straight}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    first = start_launch(
-        *resume, f"hydra.run.dir={killed}", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.time() + 300
-    while not (killed / "checkpoint" / "step-10" / ".metadata").exists():
-        assert time.time() < deadline and first.poll() is None, "no checkpoint at step 10"
-        time.sleep(0.05)
-    for pid in [w for torchrun in _children(first.pid) for w in _children(torchrun)]:
-        os.kill(pid, signal.SIGKILL)
-    assert first.wait(timeout=120) != 0
+    launch_killed_after(killed / "checkpoint" / "step-10", *resume, f"hydra.run.dir={killed}")
     again = run_launch(*resume, f"hydra.run.dir={killed}")
     assert again.returncode == 0, again.stderr[-3000:]
     losses = {d.name: {r["step"]: r["loss"] for r in read_metrics(d)} for d in (straight, killed)}

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, read_metrics, resolve, run_launch, start_launch
+from conftest import ROOT, launch_killed_after, read_metrics, resolve, run_launch
 from safetensors.torch import load_file, save_file
 
 from qwen3_trainium.data import assets
@@ -144,13 +141,6 @@ def test_finetune_and_export_round_trip_native_and_hf(tmp_path):
         assert again.returncode == 2 and "HF export of a finished run" in again.stderr
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
 RESUME = [
     "checkpoint=resume",
     "checkpoint.interval=10",
@@ -169,19 +159,7 @@ def test_kill_and_resume_ends_where_an_uninterrupted_run_ends(model, tmp_path):
     proc = run_launch(*resume, f"hydra.run.dir={straight}")
     assert proc.returncode == 0, proc.stderr[-3000:]
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    first = start_launch(
-        *resume, f"hydra.run.dir={killed}", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.time() + 300
-    while not (killed / "checkpoint" / "step-10" / ".metadata").exists():
-        assert time.time() < deadline and first.poll() is None, "no checkpoint at step 10"
-        time.sleep(0.05)
-    workers = [w for torchrun in _children(first.pid) for w in _children(torchrun)]
-    assert workers, "torchrun's workers not found"
-    for pid in workers:
-        os.kill(pid, signal.SIGKILL)
-    assert first.wait(timeout=120) != 0
+    launch_killed_after(killed / "checkpoint" / "step-10", *resume, f"hydra.run.dir={killed}")
     rows_before = len(read_metrics(killed))
     assert 10 <= rows_before < 40, "killed before the end, after the checkpoint"
 

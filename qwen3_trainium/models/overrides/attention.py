@@ -50,22 +50,25 @@ class DocumentCausalSDPA(VarlenAttention):
         k_BLNH: torch.Tensor,
         v_BLNH: torch.Tensor,
         *,
-        attention_masks: VarlenMetadata,
+        attention_masks: VarlenMetadata | None = None,
         scale: float | None = None,
         enable_gqa: bool = False,
         **kwargs,
     ) -> torch.Tensor:
-        batch, seq_len = q_BLNH.shape[:2]
-        mask = document_causal_mask(attention_masks.cu_seq_q, batch, seq_len)
         out_BNLH = F.scaled_dot_product_attention(
             q_BLNH.transpose(1, 2),
             k_BLNH.transpose(1, 2),
             v_BLNH.transpose(1, 2),
-            attn_mask=mask,
             scale=scale,
             enable_gqa=enable_gqa,
+            **self._mask(q_BLNH, attention_masks),
         )
         return out_BNLH.transpose(1, 2)
+
+    def _mask(self, q_BLNH: torch.Tensor, attention_masks: VarlenMetadata) -> dict:
+        """SDPA's masking arguments: the block-diagonal causal mask of the row's documents."""
+        batch, seq_len = q_BLNH.shape[:2]
+        return {"attn_mask": document_causal_mask(attention_masks.cu_seq_q, batch, seq_len)}
 
 
 @override(
@@ -86,18 +89,8 @@ class CausalSDPA(DocumentCausalSDPA):
     class Config(DocumentCausalSDPA.Config):
         pass
 
-    def forward(
-        self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False, **kwargs
-    ):
-        out_BNLH = F.scaled_dot_product_attention(
-            q_BLNH.transpose(1, 2),
-            k_BLNH.transpose(1, 2),
-            v_BLNH.transpose(1, 2),
-            is_causal=True,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
-        return out_BNLH.transpose(1, 2)
+    def _mask(self, q_BLNH, attention_masks) -> dict:
+        return {"is_causal": True}  # no mask tensor: SDPA's own causal path
 
 
 @override(

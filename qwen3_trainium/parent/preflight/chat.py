@@ -119,12 +119,12 @@ def check_chat(run: RunConf, notes: list[str]) -> list[Problem]:
     the notes the dry run prints."""
     if not is_chat(run):
         return []
-    from qwen3_trainium.data.chat import records, source, template
+    from qwen3_trainium.data.chat import records, source
 
     try:
         tok = source.tokenizer(run)
         eot = tok.end_of_turn
-    except (template.TemplateError, Exception) as e:  # a template that does not render: jinja's own errors
+    except Exception as e:  # TemplateError, or jinja's own errors: a template that does not render
         return [Problem("data.chat_template", run.data.chat_template or os.path.join(run.data.hf_assets_path, "(template)"),
                         f"the chat template does not render a conversation: {type(e).__name__}: {e}",
                         "data.chat_template=<a .jinja file that renders messages>")]  # fmt: skip
