@@ -124,3 +124,8 @@ AsyncMode = _choices("AsyncMode", ("disabled", "async", "async_with_pinned_mem")
 RdzvBackend = _choices("RdzvBackend", ("c10d", "static", "etcd", "etcd-v2"))
 # W&B's WANDB_MODE values, plus auto: online when WANDB_API_KEY is set, else offline
 WandbMode = _choices("WandbMode", ("auto", "online", "offline", "disabled"))
+
+
+class PeftMethod(Enum):
+    none = "none"  # full fine-tuning
+    lora = "lora"  # torchtitan's LoRAConverter: frozen base, rank-r adapters (models/lora.py)

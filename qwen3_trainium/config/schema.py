@@ -27,6 +27,7 @@ from qwen3_trainium.config.choices import (
     OptimizerName,
     Overflow,
     ParamDtype,
+    PeftMethod,
     PipelineSchedule,
     Progress,
     RdzvBackend,
@@ -166,6 +167,22 @@ class DataConf:
     preview: int = 0  # write N packed rows to data_preview.md / data_preview.jsonl in the run dir
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")  # Hugging Face's names
+
+
+@dataclass
+class PeftConf:
+    """Parameter-efficient fine-tuning (``peft=lora``): torchtitan's ``LoRAConverter`` on the model
+    spec, base weights frozen, adapters exported as a Hugging Face PEFT directory (``models/lora.py``).
+    No dropout: torchtitan's ``LoRALinear`` has none to configure."""
+
+    method: PeftMethod = PeftMethod.none
+    rank: int = 8
+    alpha: float = 16.0  # the adapters' output is scaled by alpha / rank
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # HF names
+    merge_on_export: bool = False  # also write the merged full model beside the adapter
+
+
 DEFAULT_SAMPLE_PROMPTS = ("The capital of France is", "Once upon a time")
 
 
@@ -270,6 +287,7 @@ class RunConf:
     debug: DebugConf = field(default_factory=DebugConf)
     compile: CompileConf = field(default_factory=CompileConf)
     eval: EvalConf = field(default_factory=EvalConf)
+    peft: PeftConf = field(default_factory=PeftConf)
     memory: MemoryConf = field(default_factory=MemoryConf)
     override: OverrideConf = field(default_factory=OverrideConf)
     dry_run: bool = False

@@ -127,6 +127,8 @@ OUT_OF_RANGE = {
     "data.validation_fraction": ["0", "0.9"],
     "data.preview": ["-1"],
     "memory.timeout": ["0"],
+    "peft.rank": ["0"],
+    "peft.alpha": ["0", "-16"],
 }
 
 

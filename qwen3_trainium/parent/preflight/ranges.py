@@ -164,6 +164,8 @@ RANGES: tuple[Range, ...] = (
     ),
     Range("eval.sample_tokens", _nonneg, ">= 0 (0: no samples)", "eval.sample_tokens=24"),
     Range("data.preview", _nonneg, ">= 0 (0: no preview)", "data.preview=4"),
+    Range("peft.rank", _at_least_1, ">= 1", "peft.rank=8"),
+    Range("peft.alpha", _pos, "> 0 (the adapters are scaled by alpha / rank)", "peft.alpha=16"),
     Range(
         "eval.sample_prompts",
         lambda v, _r: all(str(p).strip() for p in v),
