@@ -18,12 +18,13 @@ import json
 import os
 import pickle
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.tools.logging import logger
 
 from qwen3_trainium.models.hf_export import complete_hf_export, parse_size, reshard
 
@@ -74,6 +75,10 @@ class Qwen3CheckpointManager(CheckpointManager):
         chat_template: str = ""
         """The text of data.chat_template: written into an HF export as chat_template.jinja."""
 
+        lora: dict = field(default_factory=dict)
+        """peft=lora: the ``peft`` section's fields plus ``base`` (the source model's path or id). The HF export becomes a PEFT adapter
+        directory (``step-N-adapter``), plus the merged full model (``step-N``) when ``merge``."""
+
     def __init__(self, config: Config, **kwargs) -> None:
         super().__init__(config, **kwargs)
         if not self.enable:
@@ -118,6 +123,14 @@ class Qwen3CheckpointManager(CheckpointManager):
             config_json = (
                 json.dumps({**json.loads(config_json), "tie_word_embeddings": False}, indent=2) + "\n"
             )
+        if self.last_save_in_hf and self._export.lora:
+            self._save_adapter(curr_step)
+            if not self._export.lora["merge_on_export"]:
+                self._save_probe()
+                return
+            from qwen3_trainium.models import lora
+
+            lora.merge_(self.states["model"].model[0])  # the same function, adapters folded in
         super()._save_last_step(curr_step)
         if not self.last_save_in_hf:
             return
@@ -131,9 +144,28 @@ class Qwen3CheckpointManager(CheckpointManager):
                 self._export.chat_template,
             )
             reshard(export_dir, parse_size(self._export.hf_max_shard_size))
+        self._save_probe()
+
+    def _save_probe(self) -> None:
         if self._export.probe_path:
             model = self.states["model"].model[0]
             save_probe(model, self._export.tokenizer_dir, self._export.probe_path, self._export.export_dtype)
+
+    def _save_adapter(self, curr_step: int) -> None:
+        """The adapters as a Hugging Face PEFT directory beside the export (``models/lora.py``)."""
+        from qwen3_trainium.models import lora
+
+        spec = self._export.lora
+        tensors = lora.peft_state_dict(self.states["model"].model[0], self.sd_adapter)
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return
+        directory = lora.adapter_dir(self._create_checkpoint_id(curr_step))
+        config = lora.adapter_config(
+            base_model=spec["base"], rank=spec["rank"], alpha=spec["alpha"], targets=spec["target_modules"]
+        )
+        lora.write_adapter(directory, tensors, config)
+        complete_hf_export(directory, "", self._export.tokenizer_dir, "", self._export.chat_template)
+        logger.info(f"LoRA: {len(tensors) // 2} adapters written as a PEFT directory: {directory}")
 
     def _untied_but_declared_tied(self) -> bool:
         model = self.states["model"].model[0]

@@ -64,10 +64,7 @@ def _optimizer(run: RunConf):
     opt = run.optimizer
     kwargs = {"lr": opt.lr, "betas": tuple(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay}
     group = ParamGroupConfig(pattern=r".*", optimizer_name=opt.name.value, optimizer_kwargs=kwargs)
-    return OptimizersContainer.Config(
-        param_groups=[group],
-        implementation=opt.implementation.value,
-    )
+    return OptimizersContainer.Config(param_groups=[group], implementation=opt.implementation.value)
 
 
 def _activation_checkpoint(mode: ACMode):
@@ -146,6 +143,8 @@ def _checkpoint(run: RunConf, spec, run_dir: str):
         )
         if run.checkpoint.export_check:
             kwargs["probe_path"] = os.path.join(run_dir, PROBE_NAME)
+        if run.peft.method.value == "lora":
+            kwargs["lora"] = {**fields(run.peft), "base": source or ""}
     return Qwen3CheckpointManager.Config(**kwargs)
 
 
@@ -194,6 +193,10 @@ def _model_parts(run: RunConf) -> tuple[type, dict]:
         )
         parts = {"model_spec": spec, "loss": loss}
         config_cls = trainer.trainer_class(hf=False).Config
+    if run.peft.method.value == "lora":  # native, nki_moe (pre-flight refuses model=hf)
+        from qwen3_trainium.models import lora
+
+        lora.apply(spec, rank=run.peft.rank, alpha=run.peft.alpha, targets=list(run.peft.target_modules))
     if run.device.type.value == "cpu":
         spec.parallelize_fn = devices.gloo_safe_parallelize(spec.parallelize_fn)
     return config_cls, parts
@@ -203,9 +206,8 @@ def _chat_loader(run_dir: str, split: str, infinite: bool = True):
     """Chat data (``data/chat/``): the rows are built from the run's resolved config."""
     from qwen3_trainium.data.chat.loader import ChatDataLoader
 
-    return ChatDataLoader.Config(
-        config_path=runconfig.rank_config_path(run_dir), split=split, infinite=infinite
-    )
+    path = runconfig.rank_config_path(run_dir)
+    return ChatDataLoader.Config(config_path=path, split=split, infinite=infinite)
 
 
 def _eval(run: RunConf, run_dir: str) -> tuple[object, dict]:
