@@ -15,7 +15,9 @@ divide the layers). Per rank:
 - ``model=nki_moe``'s blockwise op: what it saves for backward over every padded block slot
   (``kernels.rules.num_blocks``), in every layer without checkpointing, else in one;
 - one chunk of logits (all of them on the HF path) with their float32 copy and gradient;
-- gradients beyond the activations they replace (the end of backward, where that is higher).
+- gradients beyond the activations they replace (the end of backward, where that is higher);
+- ``peft=lora``: gradients and AdamW states for the adapters only, and the matmul outputs that
+  selective checkpointing keeps once each adapter adds its two matmuls (``_lora_saved_matmuls``).
 The model's parameter counts come from the model itself, built on the meta device. On the
 README's trn2 lines (but its Slurm examples and ``model=hf``, which ``memory=auto`` traces) it is
 within 15% of the trace (``tests/test_readme_trainium.py``, make test-heavy).
@@ -50,6 +52,12 @@ class ModelShape:
     largest_unit: int = 0  # the largest FSDP unit: a layer, the embedding or the output head
     top_k: int = 0
     expert_width: int = 0
+    trainable: int = -1  # parameters with gradients and optimizer states (-1: all; peft=lora: the adapters)
+    adapters: tuple[tuple[str, int], ...] = ()  # peft=lora: (adapted Linear of a layer, its rank)
+
+    @property
+    def trained(self) -> int:
+        return self.params if self.trainable < 0 else self.trainable
 
 
 @dataclass(frozen=True)
@@ -92,15 +100,22 @@ def model_shape(model_config, model: torch.nn.Module | None = None) -> ModelShap
         top_k, width = (c.num_experts_per_tok, c.moe_intermediate_size) if experts else (0, 0)
         ffn = top_k * width if experts else c.intermediate_size
     params = largest = 0
+    trainable, adapters = -1, ()
     if model is not None:
         layers = list(model.layers.values() if hasattr(model.layers, "values") else model.layers)
         params = sum(p.numel() for p in model.parameters())
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         largest = max(sum(p.numel() for p in layer.parameters()) for layer in layers)
+        adapters = tuple(
+            sorted((name.rsplit(".", 1)[-1], m.lora_a.weight.shape[0])
+                   for name, m in layers[0].named_modules() if hasattr(m, "lora_a"))
+        )  # fmt: skip
     return ModelShape(
         params=params, largest_layer=largest, n_layers=n_layers, dim=dim,
         q_dim=heads * head_dim, kv_dim=kv_heads * head_dim, ffn=ffn, n_heads=heads,
         n_kv_heads=kv_heads, vocab=vocab, num_experts=experts,
-        largest_unit=max(largest, vocab * dim), top_k=top_k, expert_width=width,
+        largest_unit=max(largest, vocab * dim), top_k=top_k, expert_width=width, trainable=trainable,
+        adapters=adapters,
     )  # fmt: skip
 
 
@@ -112,7 +127,32 @@ def _per_token_layer(shape: ModelShape, ac: ACMode, blockwise: bool) -> tuple[in
     # the input, two norms, two residuals (5h); q/k/v, q/k norms, rotated q/k, attention out (4q + 4kv)
     saved_all = 5 * h + 4 * q + 4 * kv + ffn_all
     kept = {ACMode.none: saved_all, ACMode.selective: h + q + 2 * kv + ffn_matmuls, ACMode.full: h}[ac]
+    if ac is ACMode.selective:
+        kept += _lora_saved_matmuls(shape)
+    elif ac is ACMode.none:  # each adapter's rank-wide intermediate (its input is saved already)
+        kept += sum(rank for _, rank in shape.adapters)
     return kept, saved_all
+
+
+def _lora_saved_matmuls(shape: ModelShape) -> int:
+    """What peft=lora adds per token and layer under selective checkpointing. torchtitan's policy
+    saves every other matmul's output in a layer, in forward order (``activation_checkpoint.py``:
+    ``meta[mm_count_key] % 2 == 0`` recomputes), and an adapter puts two matmuls (``lora_a``, rank
+    wide, then ``lora_b``, as wide as its base) behind its base Linear, so the saved set shifts."""
+    if not shape.adapters:
+        return 0
+    h, q, kv, f = shape.dim, shape.q_dim, shape.kv_dim, shape.ffn
+    ffn = [("gate", shape.num_experts)] if shape.num_experts else [("w1", f), ("w3", f), ("w2", h)]
+    order = [("wqkv", q + 2 * kv), ("wo", h), *ffn]  # the layer's matmuls in forward order
+    ranks = dict(shape.adapters)
+
+    def saved(adapted: dict) -> int:
+        widths = []
+        for name, width in order:
+            widths += [width] + ([adapted[name], width] if name in adapted else [])
+        return sum(widths[0::2])  # the 1st, 3rd, ... matmul of the layer is saved
+
+    return saved(ranks) - saved({})
 
 
 def blockwise_layer_bytes(run: RunConf, shape: ModelShape, tokens: int) -> int:
@@ -148,11 +188,13 @@ def estimate(run: RunConf, shape: ModelShape, *, dp_shard: int, capacity: int | 
     kept, saved_all = _per_token_layer(shape, ac, blockwise)
     activations = (kept * layers + (saved_all if ac is not ACMode.none else 0)) * tokens * compute
     unit = (shape.largest_unit or shape.largest_layer) / par.tensor_parallel_degree
+    # peft=lora: gradients and AdamW states for the adapters only (the base is frozen)
+    trained_share = shape.trained / shape.params if shape.params else 1.0
     parts = {
         "parameters (fp32)": 4 * shape.params // split,
-        "AdamW states (fp32)": 8 * shape.params // split,
+        "AdamW states (fp32)": 8 * shape.trained // split,
         "FSDP gathered (2 units)": int(2 * compute * unit),
-        "FSDP unit gradients": int((compute + reduce_copy) * unit),
+        "FSDP unit gradients": int((compute + reduce_copy) * unit * trained_share),
         "activations": int(activations),
     }
     if blockwise:  # without checkpointing every layer's; with it the recomputed layer's
@@ -170,6 +212,6 @@ def estimate(run: RunConf, shape: ModelShape, *, dp_shard: int, capacity: int | 
         per_layer = train.local_batch_size * heads * train.seq_len**2 * 2 * compute
         parts["attention matrices"] = int(per_layer * (layers if ac is ACMode.none else 1))
     freed = sum(v for k, v in parts.items() if not k.startswith(("parameters", "AdamW", "FSDP")))
-    if 4 * shape.params // split > freed:  # the end of backward: gradients where activations were
-        parts["gradients (fp32)"] = 4 * shape.params // split - freed
+    if 4 * shape.trained // split > freed:  # the end of backward: gradients where activations were
+        parts["gradients (fp32)"] = 4 * shape.trained // split - freed
     return Estimate(parts, capacity)

@@ -102,6 +102,11 @@ def adapted(tracker):
         yield
 
 
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
 def step_tracker():
     """torch's ``MemTracker``, told that a module called again outside every other module, in
     the same step, is a recompute: torchtitan's chunked loss calls ``lm_head`` once per chunk and
@@ -125,6 +130,14 @@ def step_tracker():
                 if self._peak_mem.get(device, 0) < snap["Total"]:
                     self._peak_mem[device] = snap["Total"]
                     self._peak_mem_snap[device] = dict(snap)
+
+        def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+            # A frozen parameter (peft=lora's base) never has a gradient, and torch's tracker would
+            # register gradient hooks on it, which raises: it is marked as hooked already.
+            for param in module.parameters():
+                if not param.requires_grad:
+                    self._param_to_grad_hook_handles.setdefault(param, (_NoHook(), _NoHook()))
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
         def _pre_fw_hook(self, module, inputs) -> None:
             if module in self.memory_tracking and not self._mod_tracker.is_bw:

@@ -48,14 +48,60 @@ def max_logit_diff(directory: str, probe_path: str) -> float:
     return (logits - probe["logits"]).abs().max().item()
 
 
+def adapter_export(run: RunConf, run_dir: str) -> str | None:
+    """peft=lora without a merged export: the newest ``step-N-adapter`` directory."""
+    folder = os.path.join(run_dir, run.checkpoint.folder)
+    found = []
+    if os.path.isdir(folder):
+        for name in os.listdir(folder):
+            head, _, tail = name.partition("-adapter")
+            if name.startswith("step-") and tail == "" and head[5:].isdigit():
+                found.append((int(head[5:]), os.path.join(folder, name)))
+    return max(found)[1] if found else None
+
+
+def max_adapter_logit_diff(directory: str, probe_path: str) -> float:
+    """Run in a fresh process: the adapter's base (``base_model_name_or_path``) from_pretrained,
+    each PEFT adapter folded into the module its key names (``W += lora_alpha/r * B @ A``, PEFT's
+    LoRA), vs the saved probe logits. A key naming no module of the base fails."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    with open(os.path.join(directory, "adapter_config.json")) as f:
+        config = json.load(f)
+    model = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"], dtype=torch.float32)
+    tensors = load_file(os.path.join(directory, "adapter_model.safetensors"))
+    scale = config["lora_alpha"] / config["r"]
+    with torch.no_grad():
+        for key, a in tensors.items():
+            if key.endswith(".lora_A.weight"):
+                stem = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+                b = tensors[key.replace(".lora_A.weight", ".lora_B.weight")]
+                model.get_submodule(stem).weight += scale * (b @ a)
+        probe = torch.load(probe_path)
+        logits = model(probe["tokens"]).logits.float()
+    return (logits - probe["logits"]).abs().max().item()
+
+
 def verify(run: RunConf, run_dir: str) -> tuple[bool, str]:
     """(passed, one line for the terminal); also writes ``export_check.json``."""
 
     directory, probe_path = export_dir(run, run_dir), os.path.join(run_dir, PROBE_NAME)
+    adapter = run.peft.method.value == "lora" and not run.peft.merge_on_export
+    if adapter:
+        directory = adapter_export(run, run_dir)
     if directory is None or not os.path.isfile(probe_path):
         return False, f"export check: no HF export or probe under {run_dir}"
     proc = subprocess.run(
-        [sys.executable, "-m", "qwen3_trainium.parent.export_check", directory, probe_path],
+        [
+            sys.executable,
+            "-m",
+            "qwen3_trainium.parent.export_check",
+            *(["--adapter"] if adapter else []),
+            directory,
+            probe_path,
+        ],
         capture_output=True,
         text=True,
         preexec_fn=lifeline.preexec(os.getpid()),  # dies with the launcher
@@ -74,10 +120,8 @@ def verify(run: RunConf, run_dir: str) -> tuple[bool, str]:
         verdict = "(not float32 end to end: reported only)"
     else:
         verdict = f"<= {TOLERANCE}: OK" if passed else f"> {TOLERANCE}: FAILED"
-    return (
-        passed,
-        f"export round trip ({directory}): AutoModelForCausalLM max abs logit diff {diff:.3e} {verdict}",
-    )
+    what = "the base + this PEFT adapter" if adapter else "AutoModelForCausalLM"
+    return passed, f"export round trip ({directory}): {what} max abs logit diff {diff:.3e} {verdict}"
 
 
 def generated_ids(directory: str, samples_path: str) -> list[list[int]]:
@@ -180,5 +224,7 @@ if __name__ == "__main__":
         sys.argv[1] == "--generate"
     ):  # python -m qwen3_trainium.parent.export_check --generate DIR SAMPLES_JSON
         print(json.dumps(generated_ids(sys.argv[2], sys.argv[3])))
+    elif sys.argv[1] == "--adapter":  # python -m qwen3_trainium.parent.export_check --adapter DIR PROBE
+        print(max_adapter_logit_diff(sys.argv[2], sys.argv[3]))
     else:  # python -m qwen3_trainium.parent.export_check DIR PROBE
         print(max_logit_diff(sys.argv[1], sys.argv[2]))

@@ -39,6 +39,7 @@ from qwen3_trainium.parent.preflight.heldout import (
 from qwen3_trainium.parent.preflight.host import check_disk, check_host, check_trackers
 from qwen3_trainium.parent.preflight.keys import unknown_keys
 from qwen3_trainium.parent.preflight.model import check_model, check_model_static, kernel_notes
+from qwen3_trainium.parent.preflight.peft import check_peft_static, check_targets, is_lora, trainable_note
 from qwen3_trainium.parent.preflight.problem import Problem, format_problems
 from qwen3_trainium.parent.preflight.ranges import check_ranges
 from qwen3_trainium.parent.preflight.run import (
@@ -110,6 +111,7 @@ def check_static(run: RunConf, run_dir: str, *, launching: bool) -> list[Problem
         + check_data(run)
         + (check_chat_static(run) if is_chat(run) else check_corpus(run))
         + check_attention_masks(run)
+        + check_peft_static(run)
         + check_validation_path(run)
         + check_samples(run)
         + check_probe_length(run)
@@ -142,6 +144,7 @@ def check(
         + check_data(run)
         + (check_chat_static(run) if is_chat(run) else check_corpus(run) + check_dataset_name(run))
         + check_attention_masks(run)
+        + check_peft_static(run)
         + check_tokenizer_fits(run)
         + check_tokenizer_matches(run, notes)
         + check_validation_path(run)
@@ -175,8 +178,13 @@ def _check_shape(run: RunConf, trial, notes: list[str], run_dir: str, facts: dic
 
     from qwen3_trainium.memory import estimate
 
+    target_problems = check_targets(run, trial.model_spec.model)
+    if target_problems:
+        return target_problems
     with torch.device("meta"):
         model = trial.model_spec.model.build()
+    if is_lora(run):
+        notes.append(trainable_note(model))
     shape = estimate.model_shape(trial.model_spec.model, model)
     facts["params"] = shape.params  # the disk check's (``host.check_disk``), run even when cached
     problems, arithmetic = check_degrees(run, shape)

@@ -1,0 +1,93 @@
+"""Pre-flight checks of ``peft=lora`` (``models/lora.py``): the path, the target modules (by
+Hugging Face's names, against the model that will be built), and an export's base model."""
+
+from __future__ import annotations
+
+from qwen3_trainium.config.schema import ModelPath, RunConf
+from qwen3_trainium.parent.preflight.problem import Problem
+
+
+def is_lora(run: RunConf) -> bool:
+    return run.peft.method.value == "lora"
+
+
+def check_peft_static(run: RunConf) -> list[Problem]:
+    if not is_lora(run):
+        return []
+    from qwen3_trainium.models.lora import FUSED_QKV, HF_TO_TITAN
+
+    problems = []
+    targets = list(run.peft.target_modules)
+    if run.model.path is ModelPath.hf:
+        problems.append(
+            Problem(
+                "peft.method",
+                "lora",
+                "model=hf trains Transformers' own modules, which torchtitan's LoRAConverter does not convert",
+                "model=native (dense Qwen3) or model=nki_moe (Qwen3-MoE), from the same weights:"
+                " checkpoint=hf_finetune checkpoint.initial_load_path=<the HF directory> model.flavor=<its flavor>",
+            )
+        )
+    unknown = [t for t in targets if t not in HF_TO_TITAN]
+    if unknown or not targets:
+        what = f"{unknown[0]} is no module LoRA can target" if unknown else "no module to adapt"
+        problems.append(
+            Problem(
+                "peft.target_modules",
+                targets,
+                what,
+                f"peft.target_modules=[<some of {', '.join(HF_TO_TITAN)}>]",
+            )
+        )
+    chosen = [t for t in FUSED_QKV if t in targets]
+    if chosen and len(chosen) != len(FUSED_QKV):
+        problems.append(
+            Problem(
+                "peft.target_modules",
+                targets,
+                "torchtitan's Qwen3 computes q, k and v in one fused Linear (attention.qkv_linear.wqkv),"
+                " so one adapter covers all three",
+                "list q_proj, k_proj and v_proj together, or none of them",
+            )
+        )
+    ckpt = run.checkpoint
+    if ckpt.enable and ckpt.last_save_in_hf and not (ckpt.initial_load_in_hf and ckpt.initial_load_path):
+        problems.append(
+            Problem(
+                "checkpoint.last_save_in_hf",
+                True,
+                "peft=lora exports adapters for the base model the run started from, and this run starts from none",
+                "checkpoint=[hf_finetune,hf_export] checkpoint.initial_load_path=<the base HF directory>",
+            )
+        )
+    return problems
+
+
+def check_targets(run: RunConf, model_config) -> list[Problem]:
+    """Each target exists in the model as built (full tier: imports torchtitan)."""
+    if not is_lora(run):
+        return []
+    from qwen3_trainium.models.lora import EXPERT_TARGETS, valid_targets
+
+    valid = valid_targets(model_config)
+    missing = [t for t in run.peft.target_modules if t not in valid]
+    if not missing:
+        return []
+    experts = [t for t in missing if t in EXPERT_TARGETS]
+    if experts and getattr(model_config.layers[0], "moe", None) is not None:
+        why = (
+            f"{', '.join(experts)}: in {run.model.flavor} these are the experts' weights, GroupedExperts"
+            " parameters that torchtitan's LoRAConverter cannot adapt (it adapts Linear modules only)"
+        )
+    else:
+        why = f"{', '.join(missing)}: not a module of {run.model.flavor}"
+    return [
+        Problem("peft.target_modules", list(run.peft.target_modules), why, f"choose from {', '.join(valid)}")
+    ]
+
+
+def trainable_note(model) -> str:
+    from qwen3_trainium.models.lora import trainable
+
+    n, total = trainable(model)
+    return f"peft=lora: {n:,} trainable parameters of {total:,} ({100 * n / total:.3f}%); the base is frozen"
