@@ -14,6 +14,16 @@ The setting survives ``execve`` (prctl(2): cleared only for set-user-ID binaries
 that finds its parent already gone when it sets it leaves at once (the race prctl(2) warns of).
 Elsewhere than Linux nothing is set (``supported`` is False): the launcher's own signal handling
 (``parent/signals.py``, ``rank/stop.py``) is all there is. Only the standard library: ranks import this before torch.
+
+Between ``fork`` and ``exec`` the child may only do what takes no lock and reads no state another
+thread could have held or been changing at the fork (Python's ``subprocess`` docs: ``preexec_fn``
+"is not safe to use in the presence of threads ... the child process could deadlock before exec is
+called"; POSIX ``fork``: such a child may call only async-signal-safe functions, which ``dlopen``
+and ``dlsym`` are not). The launcher has threads then (the progress line, the plotter, name lookups
+left running by ``reachable``, which may themselves load NSS modules). glibc re-initialises the
+loader's lock in the child (``sysdeps/nptl/fork.c``) but not the lists it guards. So libc's
+``prctl`` is looked up here, once, at import in the parent; after the fork the child calls only
+that bound function, ``getppid`` and ``_exit``.
 """
 
 from __future__ import annotations
@@ -31,12 +41,25 @@ def supported() -> bool:
     return sys.platform.startswith("linux")
 
 
-def _prctl_pdeathsig(signum: int) -> bool:
+def _bind_prctl():
+    """libc's ``prctl`` as a ctypes function, its argument types set; None where there is none.
+    ``dlopen`` and ``dlsym`` run here, in the parent: never after a fork (module docstring)."""
+    if not supported():
+        return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+        prctl = ctypes.CDLL(None).prctl
     except (OSError, AttributeError):
-        return False
+        return None
+    prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+_PRCTL = _bind_prctl()  # at import: the launcher imports this long before it starts a process
+
+
+def _prctl_pdeathsig(signum: int) -> bool:
+    return _PRCTL is not None and _PRCTL(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
 
 
 def parent_of(pid: int) -> int | None:
@@ -50,15 +73,23 @@ def parent_of(pid: int) -> int | None:
 
 def preexec(parent_pid: int, signum: int = signal.SIGKILL):
     """A ``preexec_fn`` for ``subprocess.Popen``: the child gets ``signum`` when ``parent_pid``
-    (the caller, which is blocked in ``Popen`` meanwhile) dies."""
+    (the caller, which is blocked in ``Popen`` meanwhile) dies. Everything is looked up here, in
+    the parent; after the fork the child makes three system calls and nothing else."""
+    prctl, signum = _PRCTL, int(signum)
+    if prctl is None:
+        return _nothing
+    getppid, leave = os.getppid, os._exit
 
     def setup() -> None:
-        if supported():
-            _prctl_pdeathsig(signum)
-            if os.getppid() != parent_pid:
-                os._exit(1)
+        prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if getppid() != parent_pid:
+            leave(1)
 
     return setup
+
+
+def _nothing() -> None:
+    """The ``preexec_fn`` where no parent-death signal can be set (not Linux, no ``prctl``)."""
 
 
 def die_with_parent(environ=os.environ, signum: int = signal.SIGKILL) -> None:
