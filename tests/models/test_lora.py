@@ -63,57 +63,73 @@ def test_keep_frozen_undoes_a_parallelize_that_reregisters_parameters():
     assert all(p.requires_grad == (".lora_" in n) for n, p in kept.named_parameters(remove_duplicate=False))
 
 
-def test_the_fused_qkv_adapter_is_written_as_three_peft_adapters_that_compute_the_same():
+ALL = QKVO + ["gate_proj", "up_proj", "down_proj"]
+
+
+def _ours_and_peft(targets):
+    """Our tiny model with adapters (random B, so they change the function), and the same weights
+    in PEFT: the base through torchtitan's state-dict adapter into Transformers' Qwen3, the
+    adapters as our export writes them, loaded by PEFT into its own ``LoraModel`` (float32)."""
+    import peft
+    import transformers
+    from torchtitan.config import OverrideConfig, apply_overrides
     from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 
-    spec = flavors.model_spec("tiny", "varlen")
-    config = lora.with_lora(spec.model, rank=4, alpha=8, targets=QKVO)
-    torch.manual_seed(0)
-    model = config.build()
-    model.init_weights(buffer_device=None)
-    for _, module in lora.lora_modules(model):
-        torch.nn.init.normal_(module.lora_b.weight)
-    tensors = lora.peft_state_dict(model, Qwen3StateDictAdapter(spec.model, None))
-    stem = "base_model.model.model.layers.0.self_attn"
-    assert {k.removeprefix(stem + ".") for k in tensors if k.startswith(stem + ".")} == {
-        f"{m}.lora_{x}.weight" for m in QKVO for x in "AB"
-    }
-    fused = (
-        model.layers["0"].attention.qkv_linear
-        if hasattr(model.layers, "keys")
-        else model.layers[0].attention.qkv_linear
-    )
-    x = torch.randn(3, fused.wqkv.in_features)
-    delta = fused.wqkv._lora_scaling * fused.wqkv.lora_b(fused.wqkv.lora_a(x))  # what wqkv's adapter adds
-    hpk, hd = fused.heads_per_kv, fused.head_dim
-    grouped = delta.reshape(3, -1, hpk + 2, hd)
-    want = {"q_proj": grouped[:, :, :hpk].reshape(3, -1), "k_proj": grouped[:, :, hpk].reshape(3, -1),
-            "v_proj": grouped[:, :, hpk + 1].reshape(3, -1)}  # fmt: skip
-    for name, expected in want.items():
-        a, b = tensors[f"{stem}.{name}.lora_A.weight"], tensors[f"{stem}.{name}.lora_B.weight"]
-        torch.testing.assert_close(8 / 4 * (x @ a.T @ b.T), expected, rtol=0, atol=1e-5)
-
-
-def test_merge_folds_the_adapters_in_and_keeps_the_function():
-    from torchtitan.config import OverrideConfig, apply_overrides
-
+    from qwen3_trainium.data import assets
     from qwen3_trainium.rank.titan import SDPA_OVERRIDE
 
     spec = flavors.model_spec("tiny", "varlen")
     apply_overrides(OverrideConfig(imports=[SDPA_OVERRIDE]), spec)  # before LoRA, as in a rank
     torch.manual_seed(0)
-    model = lora.with_lora(spec.model, rank=4, alpha=8, targets=QKVO + ["gate_proj"]).build()
-    model.init_weights(buffer_device=None)
-    for _, module in lora.lora_modules(model):
+    ours = lora.with_lora(spec.model, rank=4, alpha=8, targets=targets).build()
+    ours.init_weights(buffer_device=None)
+    for _, module in lora.lora_modules(ours):
         torch.nn.init.normal_(module.lora_b.weight, std=0.1)
-    tokens, positions = torch.randint(0, 500, (1, 32)), torch.arange(32).unsqueeze(0)
-    masks = model.get_attention_masks(positions)
+    sd_adapter = Qwen3StateDictAdapter(spec.model, None)
+    hf = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.from_pretrained(assets.ensure_hf_model()), dtype=torch.float32
+    )
+    base = {k: v for k, v in ours.state_dict().items() if ".lora_" not in k}
+    assert hf.load_state_dict(sd_adapter.to_hf(base), strict=False).missing_keys == ["lm_head.weight"]  # tied
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0)
+    theirs = peft.get_peft_model(hf, config)
+    loaded = peft.set_peft_model_state_dict(theirs, lora.peft_state_dict(ours, sd_adapter))
+    assert loaded.unexpected_keys == [] and not [k for k in loaded.missing_keys if ".lora_" in k]
+    return ours.eval(), theirs.eval(), sd_adapter
+
+
+def _logits(ours, tokens):
+    positions = torch.arange(tokens.shape[1]).repeat(tokens.shape[0], 1)
+    return ours(tokens, positions=positions, attention_masks=ours.get_attention_masks(positions))
+
+
+@pytest.mark.parametrize("targets", [QKVO, ALL], ids=["qkvo", "all"])
+def test_our_adapted_model_computes_what_peft_computes(targets):
+    """PEFT's ``LoraModel`` (three adapters on q/k/v) against our one adapter on the fused wqkv."""
+    ours, theirs, _ = _ours_and_peft(targets)
+    tokens = torch.randint(0, 500, (2, 32), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        before = model(tokens, positions=positions, attention_masks=masks)
-        assert lora.merge_(model) == 12
-        after = model(tokens, positions=positions, attention_masks=masks)
-    assert all(m.lora_b.weight.abs().sum() == 0 for _, m in lora.lora_modules(model))
-    torch.testing.assert_close(after, before, rtol=0, atol=1e-4)
+        got, want = _logits(ours, tokens), theirs(tokens).logits
+        with theirs.disable_adapter():
+            base_only = theirs(tokens).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert (want - base_only).abs().max() > 0.1, "the adapters change the model (else this shows nothing)"
+
+
+def test_our_merge_gives_the_weights_and_logits_of_peft_merge_and_unload():
+    ours, theirs, sd_adapter = _ours_and_peft(QKVO + ["gate_proj"])
+    tokens = torch.randint(0, 500, (2, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert lora.merge_(ours) == 12  # 2 layers x wqkv, wo, w1
+        got = _logits(ours, tokens)
+    merged = theirs.merge_and_unload()
+    want = merged.state_dict()
+    base = {k: v for k, v in ours.state_dict().items() if ".lora_" not in k}
+    for key, value in sd_adapter.to_hf(base).items():
+        torch.testing.assert_close(value, want[key], rtol=0, atol=1e-6, msg=lambda m, key=key: f"{key}: {m}")
+    assert all(m.lora_b.weight.abs().sum() == 0 for _, m in lora.lora_modules(ours))
+    with torch.no_grad():
+        torch.testing.assert_close(got, merged(tokens).logits, rtol=0, atol=1e-5)
 
 
 def test_the_estimate_counts_gradients_and_adamw_for_the_adapters_only():
