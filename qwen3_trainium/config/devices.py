@@ -28,7 +28,7 @@ class NeuronInstance:
     physical_cores: int
     hbm_per_physical_core: int  # bytes
     runtime_reserved_per_physical_core: int  # bytes the Neuron runtime keeps (micro-code)
-    peak_bf16_flops_per_physical_core: float
+    peak_bf16_flops_per_physical_core: float  # dense; MFU's peak (NEURONCORE_V3_BF16_FLOPS)
     peak_fp32_flops_per_physical_core: float
     hbm_bytes_per_second_per_physical_core: float
 
@@ -36,6 +36,7 @@ class NeuronInstance:
         return (self.hbm_per_physical_core - self.runtime_reserved_per_physical_core) * lnc
 
     def peak_flops_per_rank(self, lnc: int) -> float:
+        """MFU's denominator: the per-core BF16 figure times the physical cores of one rank."""
         return self.peak_bf16_flops_per_physical_core * lnc
 
     def roofline_per_rank(self, lnc: int) -> Roofline:
@@ -55,17 +56,31 @@ class Roofline:
     bytes_per_second: float  # device memory bandwidth
 
 
+# MFU's peak. AWS publishes two BF16 figures for Trainium2 that do not agree:
+# - per core, "A NeuronCore-v3 Tensor Engine delivers ... 79 BF16/FP16/TF32 TFLOPS" (Neuron docs,
+#   "NeuronCore-v3 Architecture": https://awsdocs-neuron.readthedocs-hosted.com/en/latest/
+#   about-neuron/arch/neuron-hardware/neuron-core-v3.html);
+# - per chip, "Eight NeuronCore-v3 that collectively deliver ... 667 BF16/FP16/TF32 TFLOPS" (Neuron
+#   docs, "Trainium2 Architecture": https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/
+#   arch/neuron-hardware/trainium2.html; 655 in its v2.21.0.beta edition), which is not 8 x 79 = 632.
+# MFU uses the per-core 79, times the LNC (a rank is LNC physical cores): it is the figure AWS
+# states for the unit a rank is made of, and torchtitan's own Neuron peak is built from it
+# (tools/utils.py get_peak_flops: 79e12 x 2 for trn2), so at LNC=2 our MFU is torchtitan's. Had
+# MFU used 667 / 8 = 83.4 per core, every MFU would read 632 / 667 = 0.948 of what it reads here.
+NEURONCORE_V3_BF16_FLOPS = 79e12  # dense, per physical core
+
 # trn2.48xlarge (AWS: Trainium2 architecture and trn2 instance pages, Neuron docs):
 # - 16 Trainium2 chips x 8 NeuronCore-v3 = 128 physical cores; 96 GiB HBM per chip, so 12 GiB
 #   per physical core: "64 ranks per instance and approximately 24 GiB of HBM per rank, before
 #   runtime overhead" at LNC=2 (Neuron "Best practices for training");
 # - the runtime's "micro-code overhead of 96MB per physical Neuron Core" (Neuron runtime docs),
 #   subtracted from what a rank may use;
-# - 79 dense BF16 TFLOPS per NeuronCore-v3 (667 per chip), so 158 per rank at LNC=2, 79 at LNC=1;
-#   181 FP32 TFLOPS per chip (Neuron docs, "Trainium2 Architecture": chip components);
+# - BF16 peak: NEURONCORE_V3_BF16_FLOPS, so 158 TFLOPS per rank at LNC=2 and 79 at LNC=1;
+# - 181 FP32 TFLOPS per chip (Neuron docs, "Trainium2 Architecture": chip components; AWS gives
+#   no per-core FP32 figure), an eighth of it per physical core;
 # - 2.9 TB/s of HBM bandwidth per chip, 4 HBM stacks (Neuron docs, "Trainium2 Architecture Guide
 #   for NKI"), shared by its 8 physical cores.
-TRN2 = NeuronInstance(128, 12 * GiB, 96 * MB, 79e12, 181e12 / 8, 2.9e12 / 8)
+TRN2 = NeuronInstance(128, 12 * GiB, 96 * MB, NEURONCORE_V3_BF16_FLOPS, 181e12 / 8, 2.9e12 / 8)
 NEURON_INSTANCES = {"trn2.48xlarge": TRN2, "trn2u.48xlarge": TRN2}
 
 
@@ -75,7 +90,7 @@ class DeviceInfo:
     devices_per_node: int  # processes per node when launcher.nproc_per_node is -1
     pg_backend: str
     memory_per_rank: int | None  # bytes of device memory one rank may use (None: unknown here)
-    peak_flops_per_rank: float | None  # BF16 peak for MFU (None: unknown, MFU is n/a)
+    peak_flops_per_rank: float | None  # dense BF16 peak for MFU (None: unknown, MFU is n/a)
 
 
 def accelerator_present() -> bool:
