@@ -14,6 +14,8 @@ Formats (``data.format``, ``auto`` detects each record's from its keys):
   completion is trained on (TRL's ``completion_only_loss``), except with ``data.loss_on=all``;
 - ``alpaca``: ``{"instruction", "input"?, "output", "system"?}``.
 Any record may carry ``chat_template_kwargs`` (e.g. ``{"enable_thinking": false}``).
+
+How each file is read (JSON Lines or one JSON document, UTF-8, Parquet) is ``record_files``'s.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+
+from qwen3_trainium.data.chat.record_files import RecordError, read_records
 
 FORMATS = ("messages", "sharegpt", "prompt_completion", "alpaca")
 SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -33,14 +37,6 @@ SHAREGPT_ROLES = {
 _VALIDATION = re.compile(r"(^|[-_./])(validation|valid|val|dev)([-_.0-9]|$)")
 _TEST = re.compile(r"(^|[-_./])(test|eval)([-_.0-9]|$)")
 _TRAIN = re.compile(r"(^|[-_./])(train|training)([-_.0-9]|$)")
-
-
-class RecordError(ValueError):
-    """A record this module cannot read: ``where`` (file:line) and what is wrong."""
-
-    def __init__(self, where: str, message: str) -> None:
-        super().__init__(f"{where}: {message}")
-        self.where, self.message = where, message
 
 
 @dataclass
@@ -102,40 +98,6 @@ def split_files(path: str) -> dict[str, list[str]]:
     named_train = [f for f in files if splits[f] == "train"]
     train = named_train or [f for f in files if splits[f] == ""]
     return {"train": train, "validation": [f for f in files if splits[f] == "validation"]}
-
-
-def read_file(file: str) -> list[tuple[str, object]]:
-    """(where, record) of every record of one file; a line that is not JSON is a RecordError."""
-    name = file
-    if file.lower().endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        return [(f"{name}:row {i + 1}", row) for i, row in enumerate(pq.read_table(file).to_pylist())]
-    with open(file, encoding="utf-8") as f:
-        text = f.read()
-    if file.lower().endswith(".json") and text.lstrip()[:1] in ("[", "{"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise RecordError(f"{name}:{e.lineno}", f"not valid JSON ({e.msg})") from None
-        rows = data if isinstance(data, list) else [data]
-        return [(f"{name}:record {i + 1}", row) for i, row in enumerate(rows)]
-    out = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append((f"{name}:{number}", json.loads(line)))
-        except json.JSONDecodeError as e:
-            raise RecordError(f"{name}:{number}", f"not valid JSON ({e.msg})") from None
-    return out
-
-
-def read_records(files: list[str]) -> list[tuple[str, object]]:
-    out: list[tuple[str, object]] = []
-    for file in files:
-        out += read_file(file)
-    return out
 
 
 # -- formats ------------------------------------------------------------------------------------
