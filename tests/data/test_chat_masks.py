@@ -1,11 +1,14 @@
 """The chat masks, proven independently of the code that builds them.
 
-The expectation is made another way entirely: Transformers renders the conversation with the
-pinned copy of Qwen3's published template (``fixtures/qwen3_chat_template.jinja``) and tokenizes
-it; the token ids are then cut into ChatML blocks (``<|im_start|>role\\n ... <|im_end|>``), and a
-trained assistant block is expected supervised from the token after its header's newline
+The expectation is made another way entirely: Transformers renders the record's messages as
+read, inline ``<think>`` and all (the template splits it itself: our ``normalise`` is not asked),
+with the pinned copy of Qwen3's published template (``fixtures/qwen3_chat_template.jinja``) and
+tokenizes it; the token ids are then cut into ChatML blocks (``<|im_start|>role\\n ... <|im_end|>``),
+and a trained assistant block is expected supervised from the token after its header's newline
 through its ``<|im_end|>``; nothing else is. Our masks (render by difference, ``masks.py``) must
 select exactly that set, for each of the four formats, read from JSONL, JSON and Parquet files.
+Where a turn sits in the conversation (first, after a system message, after a tools block), the
+render and the supervised text are also written out by hand from the template's text.
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ SHAREGPT = {
         {"from": "gpt", "value": f"<think>\n{R2}\n</think>\n\n{C2}"},
     ],
 }
+GREETING = "Hello! How can I help?"
+ASSISTANT_FIRST = [  # a conversation the assistant opens (a greeting), as chat exports hold them
+    {"role": "assistant", "content": GREETING},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Sure."},
+]
 PROMPT_COMPLETION = {
     "prompt": MESSAGES["messages"][:4],
     "completion": [{"role": "assistant", "content": C2, "reasoning_content": R2}],
@@ -68,6 +77,7 @@ CASES = {
     "sharegpt": (SHAREGPT, ".parquet", [0, 1]),
     "prompt_completion": (PROMPT_COMPLETION, ".jsonl", [1]),  # the prompt's assistant turn is context
     "alpaca": (ALPACA, ".json", [0]),
+    "assistant_first_tools": ({"tools": TOOLS, "messages": ASSISTANT_FIRST}, ".jsonl", [0, 1]),
 }
 
 
@@ -129,9 +139,7 @@ def test_masks_match_the_chatml_blocks_of_the_stock_qwen3_template(case, tmp_pat
     (conv,) = records.load([str(_write(record, tmp_path / f"data{suffix}"))])
     (doc,) = Masker(ours).docs(conv)
 
-    masker = Masker(ours)
-    normalised = masker.normalise(conv)
-    text = hf_tokenizer.apply_chat_template(_hf_messages(normalised), tools=conv.tools, tokenize=False)
+    text = hf_tokenizer.apply_chat_template(_hf_messages(conv), tools=conv.tools, tokenize=False)
     ids = hf_tokenizer(text, add_special_tokens=False)["input_ids"]
     assert doc.ids == ids, "our render and tokenization equal Transformers' apply_chat_template"
 
@@ -144,7 +152,7 @@ def test_masks_match_the_chatml_blocks_of_the_stock_qwen3_template(case, tmp_pat
     supervised_text = hf_tokenizer.decode([ids[i] for i in sorted(got)])
     # the last turn's reasoning is rendered and trained on; the end-of-turn token is supervised
     assert supervised_text.endswith("<|im_end|>")
-    if case != "alpaca":  # Alpaca records carry no reasoning
+    if case not in ("alpaca", "assistant_first_tools"):  # these records carry no reasoning
         assert R2 in text and R2 in supervised_text
     unsupervised = hf_tokenizer.decode([ids[i] for i in range(len(ids)) if i not in got])
     assert SYSTEM not in supervised_text and "What is" not in supervised_text
@@ -154,6 +162,74 @@ def test_masks_match_the_chatml_blocks_of_the_stock_qwen3_template(case, tmp_pat
     inputs, labels = doc.inputs_labels()
     assert inputs == ids[:-1] and len(labels) == len(ids) - 1
     assert {i + 1 for i, label in enumerate(labels) if label != -100} == want
+
+
+# The stock template's tools block, copied from its text (fixtures/qwen3_chat_template.jinja)
+TOOLS_BLOCK = (
+    "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    + json.dumps(TOOLS[0])
+    + "\n</tools>\n\nFor each function call, return a json object with function name and arguments within"
+    ' <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments":'
+    " <args-json-object>}\n</tool_call><|im_end|>\n"
+)
+OPENING = f"<|im_start|>assistant\n{GREETING}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+LAST = "<|im_start|>assistant\n<think>\n\n</think>\n\nSure.<|im_end|>\n"  # after the last user message
+# case: (messages, tools, chat_template_kwargs, the render by hand, the supervised text by hand, in order)
+BY_HAND = {
+    "assistant_first": (
+        ASSISTANT_FIRST,
+        None,
+        {},
+        OPENING + LAST,
+        [f"{GREETING}<|im_end|>", "<think>\n\n</think>\n\nSure.<|im_end|>"],
+    ),
+    # inference's prompt holds the empty think block here, so training does not supervise it
+    "assistant_first_no_thinking": (
+        ASSISTANT_FIRST,
+        None,
+        {"enable_thinking": False},
+        OPENING + LAST,
+        [f"{GREETING}<|im_end|>", "Sure.<|im_end|>"],
+    ),
+    "assistant_first_after_tools": (
+        ASSISTANT_FIRST,
+        TOOLS,
+        {},
+        TOOLS_BLOCK + OPENING + LAST,
+        [f"{GREETING}<|im_end|>", "<think>\n\n</think>\n\nSure.<|im_end|>"],
+    ),
+    "assistant_after_system": (
+        [{"role": "system", "content": SYSTEM}, *ASSISTANT_FIRST],
+        None,
+        {},
+        f"<|im_start|>system\n{SYSTEM}<|im_end|>\n" + OPENING + LAST,
+        [f"{GREETING}<|im_end|>", "<think>\n\n</think>\n\nSure.<|im_end|>"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BY_HAND))
+def test_no_assistant_header_is_supervised_wherever_the_turn_sits(case, hf_tokenizer, ours):
+    """The render and the supervised pieces are written by hand from the template's text; the
+    expected tokens are those inside the pieces' character spans (found with str.index)."""
+    messages, tools, kwargs, render, pieces = BY_HAND[case]
+    assert hf_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs) == render
+    record = {"messages": messages, "tools": tools, "chat_template_kwargs": kwargs}
+    (doc,) = Masker(ours).docs(records.conversation(record, "x:1"))
+    encoded = hf_tokenizer(render, add_special_tokens=False, return_offsets_mapping=True)
+    assert doc.ids == encoded["input_ids"]
+    spans, at = [], 0
+    for piece in pieces:
+        at = render.index(piece, at)
+        spans.append((at, at + len(piece)))
+        at += len(piece)
+    offsets = encoded["offset_mapping"]
+    bounds = {s for s, _ in offsets} | {e for _, e in offsets}
+    assert all(a in bounds and b in bounds for a, b in spans), "each piece is whole tokens"
+    want = {i for i, (s, e) in enumerate(offsets) if any(a <= s and e <= b for a, b in spans)}
+    got = {i for i, supervised in enumerate(doc.supervised) if supervised}
+    assert got == want, f"supervised: {hf_tokenizer.decode([doc.ids[i] for i in sorted(got)])!r}"
 
 
 def test_enable_thinking_false_leaves_the_empty_think_block_to_the_prompt(hf_tokenizer, ours):

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from qwen3_trainium.data.chat.records import Conversation
-from qwen3_trainium.data.chat.template import ChatTokenizer
+from qwen3_trainium.data.chat.template import PROBE_USER, ChatTokenizer
 
 IGNORE_INDEX = -100  # torchtitan.components.loss.IGNORE_INDEX
 LOSS_ON = ("assistant", "last_assistant", "all")
@@ -79,6 +79,14 @@ class Counts:
         self.first_skip.setdefault(reason, where)
 
 
+def _marked(message: dict) -> dict:
+    """The message with a private-use character in front of its text (content and reasoning)."""
+    out = {**message, "content": SENTINEL + message["content"]}
+    if "reasoning_content" in message:
+        out["reasoning_content"] = SENTINEL + message["reasoning_content"]
+    return out
+
+
 def _common_prefix(a: str, b: str) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -123,8 +131,7 @@ class Masker:
     def turn_region(self, conv: Conversation, k: int, full: str) -> tuple[int, int, bool]:
         """(start, end, by_difference) of turn k's supervised text in ``full``."""
         msgs = conv.messages
-        before = self._render(conv, msgs[:k]) if k else ""
-        prompt = self._render(conv, msgs[:k], gen=True) if k else ""
+        before, prompt = self._before(conv, k, full)
         if not (prompt.startswith(before) and full.startswith(before)):
             raise MaskError(f"message {k}: the render of the messages before it is not a prefix of the whole")
         through = self._render(conv, msgs[: k + 1])
@@ -138,6 +145,35 @@ class Masker:
         if end < 0:
             raise MaskError(f"message {k}: no {self.eot} closes the turn")
         return start, end + len(self.eot), True
+
+    def _before(self, conv: Conversation, k: int, full: str) -> tuple[str, str]:
+        """(P(k), G(k)): the render of the messages before turn k, without and with the generation
+        prompt. For k=0 the template may refuse no messages (Qwen3 reads ``messages[0]``); then
+        G(0) is P(0) plus the generation prompt a probe user message gains, and P(0) (a template's
+        preamble, e.g. the tools block) ends where the longest part of that prompt the template
+        renders before the turn's text last starts."""
+        if k:
+            return self._render(conv, conv.messages[:k]), self._render(conv, conv.messages[:k], gen=True)
+        try:
+            return self._render(conv, []), self._render(conv, [], gen=True)
+        except Exception:  # jinja2's UndefinedError, or the template's own raise_exception
+            pass
+        probe = [{"role": "user", "content": PROBE_USER}]
+        plain, generation = self._render(conv, probe), self._render(conv, probe, gen=True)
+        if not generation.startswith(plain) or generation == plain:
+            raise MaskError("message 0: the template adds no generation prompt after a user message")
+        generation_prompt = generation[len(plain) :]
+        marked = self._render(conv, [_marked(conv.messages[0])] + conv.messages[1:])
+        text_at = marked.find(SENTINEL)
+        if text_at < 0:
+            raise MaskError("message 0: the template does not render its text verbatim")
+        for length in range(len(generation_prompt), 0, -1):
+            at = marked.rfind(generation_prompt[:length], 0, text_at)
+            if at >= 0:
+                break
+        if at < 0 or not full.startswith(marked[:at]):
+            raise MaskError("message 0: the template does not open it with its generation prompt")
+        return marked[:at], marked[:at] + generation_prompt
 
     def _opening(self, conv: Conversation, k: int, full: str, generation_prompt: str, at: int) -> int:
         """How much of the generation prompt opens turn k in ``full`` (from ``at``, where the turn
