@@ -40,7 +40,8 @@ class Preflight:
                 cache.store(self.digest, self.notes, self.facts)
         if not self.launching:
             return []
-        return preflight.check_disk(self.run, self.run_dir, self.facts.get("params", 0), self.disk_notes)
+        params, trainable = self.facts.get("params", 0), self.facts.get("trainable")  # None: all of them
+        return preflight.check_disk(self.run, self.run_dir, params, self.disk_notes, trainable)
 
     def print_notes(self) -> None:
         for note in (self.notes or []) + self.disk_notes:

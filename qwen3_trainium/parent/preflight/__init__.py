@@ -187,6 +187,7 @@ def _check_shape(run: RunConf, trial, notes: list[str], run_dir: str, facts: dic
         notes.append(trainable_note(model))
     shape = estimate.model_shape(trial.model_spec.model, model)
     facts["params"] = shape.params  # the disk check's (``host.check_disk``), run even when cached
+    facts["trainable"] = shape.trained  # peft=lora: the adapters; AdamW holds state for these only
     problems, arithmetic = check_degrees(run, shape)
     notes.append("parallel degrees:\n" + arithmetic)
     memory_problems, estimate = check_memory(run, shape)

@@ -169,27 +169,40 @@ def check_trackers(run: RunConf, environ=os.environ) -> list[Problem]:
 # ---- disk -----------------------------------------------------------------------------------
 
 
-def checkpoint_bytes(run: RunConf, params: int) -> tuple[int, int, int]:
-    """(bytes of one interval checkpoint, how many are kept at once, bytes of the final save).
+def checkpoint_bytes(run: RunConf, params: int, trainable: int | None = None) -> tuple[int, int, int]:
+    """(bytes of one interval checkpoint, how many are kept at once, bytes of the final save), for
+    ``params`` parameters of which ``trainable`` (None: all) have gradients.
 
-    An interval checkpoint (torchtitan's DCP) holds the model's float32 parameters (FSDP keeps
-    them in float32; ``mixed_precision_param`` is the compute copy) and AdamW's two float32
-    moments: 12 bytes per parameter. ``keep_latest_k`` of them are kept (0: all). The final save
-    is model-only with ``last_save_model_only`` (float32, or ``export_dtype`` in HF)."""
+    An interval checkpoint (torchtitan's DCP) holds every parameter in float32, frozen ones too
+    (FSDP keeps them in float32, ``mixed_precision_param`` is the compute copy; torchtitan 0.3.0
+    ``checkpointer/base.py`` ``ModelWrapper`` saves ``model.state_dict()``, which holds every
+    parameter whatever its ``requires_grad``), and AdamW's two float32 moments for the trainable
+    ones only (``components/optimizer/optimizer.py`` gives the optimizer ``p.requires_grad``
+    parameters): 4 bytes a parameter plus 8 a trainable one. ``keep_latest_k`` of them are kept
+    (0: all). The final save is model-only with ``last_save_model_only`` (float32, or
+    ``export_dtype`` in HF); with peft=lora an HF export is the float32 adapters
+    (``rank/checkpoint.py``), plus the merged model with ``peft.merge_on_export``."""
     ck, steps = run.checkpoint, run.training.steps
-    one = 12 * params
+    trainable = params if trainable is None else trainable
+    one = 4 * params + 8 * trainable
     saves = steps // ck.interval if ck.interval > 0 else 0
     kept = min(saves, ck.keep_latest_k) if ck.keep_latest_k > 0 else saves
-    if ck.last_save_in_hf:
-        final = params * (2 if ck.export_dtype.value in ("bfloat16", "float16") else 4)
+    exported = 2 if ck.export_dtype.value in ("bfloat16", "float16") else 4
+    if ck.last_save_in_hf and run.peft.method.value == "lora":
+        final = 4 * trainable + (exported * (params - trainable) if run.peft.merge_on_export else 0)
+    elif ck.last_save_in_hf:
+        final = exported * params
     else:
         final = 4 * params if ck.last_save_model_only else one
     return one, max(kept, 0), final
 
 
-def check_disk(run: RunConf, run_dir: str, params: int, notes: list[str]) -> list[Problem]:
+def check_disk(
+    run: RunConf, run_dir: str, params: int, notes: list[str], trainable: int | None = None
+) -> list[Problem]:
     """Free space where the checkpoints go against what the run will write: refused when not
-    even one checkpoint fits, a warning when all of them do not."""
+    even one checkpoint fits, a warning when all of them do not. ``params`` and ``trainable``
+    are the full pre-flight's counts (``facts``; ``checkpoint_bytes``)."""
     if not run.checkpoint.enable or params <= 0:
         return []
     from qwen3_trainium.parent.preflight.files import _existing
@@ -199,7 +212,7 @@ def check_disk(run: RunConf, run_dir: str, params: int, notes: list[str]) -> lis
         free = shutil.disk_usage(_existing(folder)).free
     except OSError:
         return []
-    one, kept, final = checkpoint_bytes(run, params)
+    one, kept, final = checkpoint_bytes(run, params, trainable)
     first = one if kept else final
     total = one * kept + final
     plan = (
