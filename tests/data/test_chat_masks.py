@@ -209,16 +209,10 @@ BY_HAND = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(BY_HAND))
-def test_no_assistant_header_is_supervised_wherever_the_turn_sits(case, hf_tokenizer, ours):
-    """The render and the supervised pieces are written by hand from the template's text; the
-    expected tokens are those inside the pieces' character spans (found with str.index)."""
-    messages, tools, kwargs, render, pieces = BY_HAND[case]
-    assert hf_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs) == render
-    record = {"messages": messages, "tools": tools, "chat_template_kwargs": kwargs}
-    (doc,) = Masker(ours).docs(records.conversation(record, "x:1"))
+def _by_hand(hf_tokenizer, render: str, pieces: list[str]) -> tuple[list[int], set[int]]:
+    """The render's token ids, and those inside the pieces' character spans (found in order with
+    str.index); every piece must be whole tokens, so "inside" is unambiguous."""
     encoded = hf_tokenizer(render, add_special_tokens=False, return_offsets_mapping=True)
-    assert doc.ids == encoded["input_ids"]
     spans, at = [], 0
     for piece in pieces:
         at = render.index(piece, at)
@@ -227,7 +221,58 @@ def test_no_assistant_header_is_supervised_wherever_the_turn_sits(case, hf_token
     offsets = encoded["offset_mapping"]
     bounds = {s for s, _ in offsets} | {e for _, e in offsets}
     assert all(a in bounds and b in bounds for a, b in spans), "each piece is whole tokens"
-    want = {i for i, (s, e) in enumerate(offsets) if any(a <= s and e <= b for a, b in spans)}
+    return encoded["input_ids"], {
+        i for i, (s, e) in enumerate(offsets) if any(a <= s and e <= b for a, b in spans)
+    }
+
+
+@pytest.mark.parametrize("case", sorted(BY_HAND))
+def test_no_assistant_header_is_supervised_wherever_the_turn_sits(case, hf_tokenizer, ours):
+    """The render and the supervised pieces are written by hand from the template's text."""
+    messages, tools, kwargs, render, pieces = BY_HAND[case]
+    assert hf_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs) == render
+    record = {"messages": messages, "tools": tools, "chat_template_kwargs": kwargs}
+    (doc,) = Masker(ours).docs(records.conversation(record, "x:1"))
+    ids, want = _by_hand(hf_tokenizer, render, pieces)
+    assert doc.ids == ids
+    got = {i for i, supervised in enumerate(doc.supervised) if supervised}
+    assert got == want, f"supervised: {hf_tokenizer.decode([doc.ids[i] for i in sorted(got)])!r}"
+
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+DEFAULT_SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+# Qwen2.5's way: a default system message unless the first message is one (it reads messages[0],
+# so it cannot render an empty conversation, as Qwen3's cannot)
+WITH_DEFAULT_SYSTEM = (
+    "{% if messages[0].role != 'system' %}{{ '"
+    + DEFAULT_SYSTEM.replace("\n", "\\n")
+    + "' }}{% endif %}"
+    + CHATML
+)
+
+
+@pytest.mark.parametrize(
+    "template, preamble",
+    [(CHATML, ""), (WITH_DEFAULT_SYSTEM, DEFAULT_SYSTEM)],
+    ids=["plain", "default_system"],
+)
+def test_a_first_turn_is_placed_whether_or_not_the_template_renders_no_messages(
+    template, preamble, tmp_path, hf_tokenizer
+):
+    path = tmp_path / "chat_template.jinja"
+    path.write_text(template)
+    render = preamble + (
+        f"<|im_start|>assistant\n{GREETING}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nSure.<|im_end|>\n"
+    )
+    assert hf_tokenizer.apply_chat_template(ASSISTANT_FIRST, chat_template=template, tokenize=False) == render
+    ours = ChatTokenizer.load(str(TOKENIZER_DIR), str(path))
+    (doc,) = Masker(ours).docs(records.conversation({"messages": ASSISTANT_FIRST}, "x:1"))
+    ids, want = _by_hand(hf_tokenizer, render, [f"{GREETING}<|im_end|>", "Sure.<|im_end|>"])
+    assert doc.ids == ids
     got = {i for i, supervised in enumerate(doc.supervised) if supervised}
     assert got == want, f"supervised: {hf_tokenizer.decode([doc.ids[i] for i in sorted(got)])!r}"
 
