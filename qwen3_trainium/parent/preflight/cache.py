@@ -9,8 +9,9 @@ a dry run, or the same job run again, need not pay that twice. The key is a hash
 - the environment the checks read (Slurm's variables, visible devices, Hugging Face offline
   switches, ``PATH`` and ``CXX``, where Inductor's C++ compiler is looked up) and whether an
   accelerator is present.
-Only passes are stored, with their notes and facts (the parameter counts, all and trainable, the disk check reads);
-what a config cannot determine (files, folders, host, trackers, free disk) is checked every time; a config with a problem is checked afresh every time.
+Only passes are stored, with their notes and facts (the parameter counts, all and trainable, that
+the disk check reads); what a config cannot determine (files, folders, host, trackers, free disk)
+is checked every time; a config with a problem is checked afresh every time.
 Entries live in ``$XDG_CACHE_HOME/qwen3-trainium/preflight`` (``~/.cache`` by default);
 ``preflight_cache=false`` checks everything every time.
 """
