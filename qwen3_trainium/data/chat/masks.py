@@ -5,19 +5,8 @@ puts before the model's first token, e.g. ``<|im_start|>assistant\\n``) through 
 token (``<|im_end|>``): reasoning the template renders, the content, tool calls and the token
 that makes the model stop. Nothing else is, except with ``loss_on=all``.
 
-Finding a turn's text. With ``P(k)`` the render of the first ``k`` messages and ``G(k)`` the same
-with a generation prompt, turn ``k`` is ``F[len(G(k)):len(P(k+1))]`` of the whole render ``F``
-when the prefix property holds at its boundaries (``P(k) ⊑ G(k) ⊑ P(k+1) ⊑ F``). Qwen3's
-template breaks it: an assistant turn before the last user message loses its ``<think>`` block
-in ``F``, but keeps it in ``P(k+1)``, where it is the last turn. There the mask is found by
-difference instead, and is just as exact:
-- the turn starts where ``P(k)`` ends (``P(k) ⊑ F`` is checked: it holds whenever the turn
-  follows a user or tool message);
-- its generation prompt is the longest common prefix of ``G(k)``'s tail and the turn, measured
-  on a render with a private-use character in front of the content (no prompt holds one, so the
-  match stops before the content), which must open the turn exactly as ``F`` does;
-- it ends with the first end-of-turn token after that.
-A turn neither method can place is never guessed: its conversation is skipped and counted.
+Each turn's text is found by rendering alone (``turns.py``); a turn no method places exactly is
+never guessed: its conversation is skipped and counted.
 
 ``history_thinking``: ``as_rendered`` trains on ``F`` as inference would see the conversation
 later (earlier turns' reasoning dropped where the template drops it); ``keep`` makes one sample
@@ -29,17 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from qwen3_trainium.data.chat.records import Conversation
-from qwen3_trainium.data.chat.template import PROBE_USER, ChatTokenizer
+from qwen3_trainium.data.chat.template import ChatTokenizer
+from qwen3_trainium.data.chat.turns import MaskError, region
 
 IGNORE_INDEX = -100  # torchtitan.components.loss.IGNORE_INDEX
 LOSS_ON = ("assistant", "last_assistant", "all")
 HISTORY_THINKING = ("as_rendered", "keep")
 OVERFLOW = ("drop", "truncate")
-SENTINEL = "\ue002"  # a private-use character: no template or tokenizer gives it a meaning
-
-
-class MaskError(ValueError):
-    """A conversation whose mask cannot be made exactly: skipped and counted, never guessed."""
 
 
 @dataclass
@@ -79,22 +64,6 @@ class Counts:
         self.first_skip.setdefault(reason, where)
 
 
-def _marked(message: dict) -> dict:
-    """The message with a private-use character in front of its text (content and reasoning)."""
-    out = {**message, "content": SENTINEL + message["content"]}
-    if "reasoning_content" in message:
-        out["reasoning_content"] = SENTINEL + message["reasoning_content"]
-    return out
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class Masker:
     def __init__(self, tok: ChatTokenizer, *, loss_on: str = "assistant", history_thinking: str = "as_rendered",
                  kwargs: dict | None = None) -> None:  # fmt: skip
@@ -130,65 +99,11 @@ class Masker:
 
     def turn_region(self, conv: Conversation, k: int, full: str) -> tuple[int, int, bool]:
         """(start, end, by_difference) of turn k's supervised text in ``full``."""
-        msgs = conv.messages
-        before, prompt = self._before(conv, k, full)
-        if not (prompt.startswith(before) and full.startswith(before)):
-            raise MaskError(f"message {k}: the render of the messages before it is not a prefix of the whole")
-        through = self._render(conv, msgs[: k + 1])
-        if full.startswith(through) and through.startswith(prompt):
-            end = through.rfind(self.eot, len(prompt))
-            if end < 0:
-                raise MaskError(f"message {k}: no {self.eot} closes the turn")
-            return len(prompt), end + len(self.eot), False
-        start = len(before) + self._opening(conv, k, full, prompt[len(before) :], len(before))
-        end = full.find(self.eot, start)
-        if end < 0:
-            raise MaskError(f"message {k}: no {self.eot} closes the turn")
-        return start, end + len(self.eot), True
 
-    def _before(self, conv: Conversation, k: int, full: str) -> tuple[str, str]:
-        """(P(k), G(k)): the render of the messages before turn k, without and with the generation
-        prompt. For k=0 the template may refuse no messages (Qwen3 reads ``messages[0]``); then
-        G(0) is P(0) plus the generation prompt a probe user message gains, and P(0) (a template's
-        preamble, e.g. the tools block) ends where the longest part of that prompt the template
-        renders before the turn's text last starts."""
-        if k:
-            return self._render(conv, conv.messages[:k]), self._render(conv, conv.messages[:k], gen=True)
-        try:
-            return self._render(conv, []), self._render(conv, [], gen=True)
-        except Exception:  # jinja2's UndefinedError, or the template's own raise_exception
-            pass
-        probe = [{"role": "user", "content": PROBE_USER}]
-        plain, generation = self._render(conv, probe), self._render(conv, probe, gen=True)
-        if not generation.startswith(plain) or generation == plain:
-            raise MaskError("message 0: the template adds no generation prompt after a user message")
-        generation_prompt = generation[len(plain) :]
-        marked = self._render(conv, [_marked(conv.messages[0])] + conv.messages[1:])
-        text_at = marked.find(SENTINEL)
-        if text_at < 0:
-            raise MaskError("message 0: the template does not render its text verbatim")
-        for length in range(len(generation_prompt), 0, -1):
-            at = marked.rfind(generation_prompt[:length], 0, text_at)
-            if at >= 0:
-                break
-        if at < 0 or not full.startswith(marked[:at]):
-            raise MaskError("message 0: the template does not open it with its generation prompt")
-        return marked[:at], marked[:at] + generation_prompt
+        def render(messages: list[dict], gen: bool = False) -> str:
+            return self._render(conv, messages, gen)
 
-    def _opening(self, conv: Conversation, k: int, full: str, generation_prompt: str, at: int) -> int:
-        """How much of the generation prompt opens turn k in ``full`` (from ``at``, where the turn
-        starts). Measured on a render whose content starts with a private-use character, which no
-        prompt holds, so the match cannot run into the content; that render must open the turn as
-        ``full`` does."""
-        msgs = [dict(m) for m in conv.messages]
-        msgs[k]["content"] = SENTINEL + msgs[k]["content"]
-        marked = self._render(conv, msgs)
-        if SENTINEL not in marked[at:]:
-            raise MaskError(f"message {k}: the template does not render its content verbatim")
-        length = _common_prefix(generation_prompt, marked[at:])
-        if not marked.startswith(full[: at + length]):
-            raise MaskError(f"message {k}: the template opens the turn differently with other content")
-        return length
+        return region(render, conv.messages, k, full, self.eot)
 
     def regions(
         self, conv: Conversation, messages_end: int | None = None
