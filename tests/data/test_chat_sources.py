@@ -8,6 +8,7 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from conftest import ROOT, resolve
 
 from qwen3_trainium.data.chat import records, source
@@ -90,3 +91,31 @@ def test_a_directory_is_split_by_file_names_and_a_file_is_all_train(tmp_path):
     run = resolve("data=chat", f"data.dataset_path={one}", "eval=on", "data.validation_fraction=0.5")
     train, held = source.conversations(run, "train"), source.conversations(run, "validation")
     assert len(train) == len(held) == 3 and not {c.where for c in train} & {c.where for c in held}
+
+
+def test_a_cached_hub_dataset_with_a_bad_byte_or_a_missing_blob_names_the_snapshot_file(
+    tmp_path, monkeypatch
+):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    snapshot = tmp_path / "hub" / "datasets--q3t--chats" / "snapshots" / COMMIT
+    (snapshot / "data").mkdir(parents=True)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text(COMMIT)
+    bad = snapshot / "data" / "train.jsonl"
+    bad.write_bytes(
+        json.dumps(_record(0)).encode()
+        + b"\n"
+        + json.dumps(_record(1)).replace("1", "\xb9").encode("latin-1")
+    )
+    files = records.split_files(records.resolve("q3t/chats"))["train"]
+    with pytest.raises(records.RecordError) as err:
+        records.load(files)
+    assert err.value.where == f"{bad}:2" and "iconv" in err.value.fix
+    bad.unlink()
+    bad.symlink_to(snapshot.parents[1] / "blobs" / "0123")  # the Hub's layout, the blob never came
+    with pytest.raises(records.RecordError) as err:
+        records.load(records.split_files(records.resolve("q3t/chats"))["train"])
+    assert err.value.where == str(bad) and "cannot be read" in err.value.message
