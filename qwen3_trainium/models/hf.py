@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 
+from qwen3_trainium.config import hub
 from qwen3_trainium.config.schema import AttnBackend
 
 MIN_TRANSFORMERS_MAJOR = 5
@@ -25,14 +26,7 @@ def local_model_dir(hf_model: str) -> str | None:
     """The directory holding ``hf_model``: itself if a directory, else its cached snapshot."""
     if os.path.isdir(hf_model):
         return os.path.abspath(hf_model)
-    if hf_model.startswith((".", "/", "~")) or hf_model.count("/") != 1:
-        return None
-    from huggingface_hub import snapshot_download
-
-    try:
-        return snapshot_download(hf_model, local_files_only=True)
-    except Exception:  # not in the cache (LocalEntryNotFoundError and friends)
-        return None
+    return hub.cached_snapshot(hf_model)
 
 
 def download_hint(hf_model: str) -> str:

@@ -12,6 +12,7 @@ import socket
 
 from qwen3_trainium.config import devices, seams
 from qwen3_trainium.config.schema import RunConf
+from qwen3_trainium.parent.preflight import network
 from qwen3_trainium.parent.preflight.stack import installed, versions
 
 GREEN, RED, PLAIN = "\033[32mok  \033[0m", "\033[31mFAIL\033[0m", "    "
@@ -25,11 +26,8 @@ def _endpoint_ok(endpoint: str) -> tuple[bool, str]:
         with socket.socket() as s:
             s.bind((host or "localhost", 0))
             return True, f"{endpoint} (bound port {s.getsockname()[1]})"
-    try:
-        socket.create_connection((host, int(port)), timeout=3).close()
-        return True, f"{endpoint} reachable"
-    except OSError as err:
-        return False, f"{endpoint} not reachable: {err}"
+    why = network.connect_error(host, int(port))  # bounded, the name lookup included
+    return (True, f"{endpoint} reachable") if why is None else (False, f"{endpoint} not reachable: {why}")
 
 
 def _torchtitan_lines(run: RunConf) -> list[tuple[bool | None, str]]:

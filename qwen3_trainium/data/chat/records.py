@@ -52,14 +52,9 @@ class Conversation:
 
 def hub_snapshot(repo_id: str) -> str | None:
     """The cached snapshot directory of a Hub dataset (no network), else None."""
-    if repo_id.startswith((".", "/", "~")) or repo_id.count("/") != 1:
-        return None
-    try:
-        from huggingface_hub import snapshot_download
+    from qwen3_trainium.config.hub import cached_snapshot
 
-        return snapshot_download(repo_id, repo_type="dataset", local_files_only=True)
-    except Exception:  # not in the cache (LocalEntryNotFoundError and friends), or no hub client
-        return None
+    return cached_snapshot(repo_id, repo_type="dataset")
 
 
 def resolve(path: str) -> str | None:

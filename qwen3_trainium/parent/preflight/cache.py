@@ -90,9 +90,9 @@ def _hub_dataset(run: RunConf) -> str | None:
     path = run.data.dataset_path
     if run.data.format.value == "text" or not path or os.path.exists(path):
         return None
-    from qwen3_trainium.data.chat.records import hub_snapshot
+    from qwen3_trainium.config.hub import cached_snapshot
 
-    return hub_snapshot(path)
+    return cached_snapshot(path, repo_type="dataset")
 
 
 def load(digest: str) -> tuple[list[str], dict] | None:

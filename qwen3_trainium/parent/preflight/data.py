@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 from qwen3_trainium.config.schema import RunConf
 from qwen3_trainium.parent.preflight.model import model_vocab_size
@@ -190,27 +189,19 @@ def needs_hub(run: RunConf) -> bool:
 
 
 def hub_offline() -> bool:
-    """True when the Hugging Face Hub is switched off or cannot be reached (5 s probe)."""
+    """True when the Hugging Face Hub is switched off or cannot be reached (``network.reachable``:
+    bounded, the name lookup included)."""
     if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
         return True
-    from urllib.parse import urlparse
+    from qwen3_trainium.parent.preflight.network import reachable
 
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or ""
-    try:
-        socket.create_connection((host, 443), timeout=5).close()
-    except OSError:
-        return True
-    return False
+    return reachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co")) is not None
 
 
 def _hub_cached(repo: str) -> bool:
-    from huggingface_hub import snapshot_download
+    from qwen3_trainium.config.hub import cached_snapshot
 
-    try:
-        snapshot_download(repo, repo_type="dataset", local_files_only=True)
-    except Exception:  # LocalEntryNotFoundError and friends: not in the cache
-        return False
-    return True
+    return cached_snapshot(repo, repo_type="dataset") is not None
 
 
 def check_hub_dataset(run: RunConf) -> list[Problem]:

@@ -12,19 +12,17 @@ import importlib.util
 import netrc
 import os
 import shutil
-import socket
-import threading
 from urllib.parse import urlparse
 
 from qwen3_trainium.config import devices
 from qwen3_trainium.config.schema import RunConf
 from qwen3_trainium.parent import tracking
+from qwen3_trainium.parent.preflight.network import reachable  # the one bounded probe (name lookup included)
 from qwen3_trainium.parent.preflight.problem import Problem
 
 GiB = 2**30
 RANK_BASE_BYTES = devices.RANK_BASE_BYTES
 WANDB_HOST = "https://api.wandb.ai"
-NETWORK_TIMEOUT_S = 3.0
 available_memory = devices.available_memory
 
 
@@ -101,26 +99,6 @@ def wandb_credentials(environ=os.environ) -> bool:
         return netrc.netrc(path).authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):
         return False
-
-
-def reachable(url: str, timeout: float = NETWORK_TIMEOUT_S) -> str | None:
-    """Why ``url``'s host cannot be reached over TCP, or None. Name resolution included, which
-    ``socket.create_connection``'s timeout does not bound: it runs in a thread given ``timeout``."""
-    parsed = urlparse(url)
-    host, port = parsed.hostname or "", parsed.port or (80 if parsed.scheme == "http" else 443)
-    outcome: list[str | None] = []
-
-    def connect() -> None:
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            outcome.append(None)
-        except OSError as err:
-            outcome.append(f"{host}:{port}: {err.strerror or err}")
-
-    worker = threading.Thread(target=connect, daemon=True)
-    worker.start()
-    worker.join(timeout)
-    return outcome[0] if outcome else f"{host}:{port}: no answer within {timeout:.0f} s"
 
 
 def check_trackers(run: RunConf, environ=os.environ) -> list[Problem]:
