@@ -202,39 +202,18 @@ def _model_parts(run: RunConf) -> tuple[type, dict]:
     return config_cls, parts
 
 
-def _chat_loader(run_dir: str, split: str, infinite: bool = True):
-    """Chat data (``data/chat/``): the rows are built from the run's resolved config."""
-    from qwen3_trainium.data.chat.loader import ChatDataLoader
-
-    path = runconfig.rank_config_path(run_dir)
-    return ChatDataLoader.Config(config_path=path, split=split, infinite=infinite)
-
-
 def _eval(run: RunConf, run_dir: str) -> tuple[object, dict]:
     """(the training dataloader, the eval fields: validator and samples). eval=on reads held-out
-    records (``heldout.py``, ``data/chat/source.py``) the training stream then never sees."""
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
-
+    records (``heldout.py``, ``data/chat/source.py``) the training stream then never sees; every
+    rank reads its share of them once, then padding (``data/loaders.py``)."""
+    from qwen3_trainium.data.loaders import dataloaders
     from qwen3_trainium.rank import samples
     from qwen3_trainium.rank.validator import HeldOutValidator
 
-    chat = run.data.format.value != "text"
+    train, val = dataloaders(run, run_dir)
     if not run.eval.enable:
-        if chat:
-            return _chat_loader(run_dir, "train"), {}
-        return HuggingFaceTextDataLoader.Config(
-            dataset=run.data.dataset, dataset_path=run.data.dataset_path
-        ), {}
-    if chat:
-        train, val = _chat_loader(run_dir, "train"), _chat_loader(run_dir, "validation", infinite=False)
-    else:
-        from qwen3_trainium.data import heldout
-
-        src = heldout.register(run)
-        train = HuggingFaceTextDataLoader.Config(dataset=src.train_dataset, dataset_path=src.train_path)
-        val = HuggingFaceTextDataLoader.Config(
-            dataset=src.val_dataset, dataset_path=src.val_path, infinite=False
-        )
+        return train, {}
+    chat = run.data.format.value != "text"
     validator = HeldOutValidator.Config(
         enable=True, freq=run.eval.freq, steps=run.eval.steps, last_step=run.training.steps, dataloader=val
     )

@@ -79,3 +79,24 @@ def test_the_shipped_chat_corpus_counts(tmp_path):
     )
     text = open(md).read()
     assert text.count("## Row") == 3 and "⟦" in text and "<|im_end|>⟧" in text
+
+
+def test_the_order_follows_debug_seed_and_seed_42_keeps_the_order_it_had():
+    # recorded from the stream before it read debug.seed (every run used 42)
+    assert order(10, epoch=0) == order(10, epoch=0, seed=42) == [7, 3, 2, 8, 5, 6, 9, 4, 0, 1]
+    assert order(10, epoch=1) == [8, 1, 5, 6, 9, 7, 3, 2, 4, 0] and order(12, 0, 1, 3) == [5, 9, 3, 1]
+    assert order(10, epoch=0, seed=7) != order(10, epoch=0)
+
+
+def test_seed_sweeps_train_on_different_orders_and_score_the_same_held_out_rows():
+    runs = {seed: resolve("data=chat", "smoke=on", "eval=on", f"debug.seed={seed}") for seed in (42, 7)}
+    first = {seed: [row.input_ids for row in source.preview_rows(run, 2)] for seed, run in runs.items()}
+    assert first[42] != first[7]  # what rank 0 trains on, and what data.preview writes
+    assert first[42] == [row.input_ids for row in source.preview_rows(resolve("data=chat", "smoke=on"), 2)]
+    held = {
+        seed: source.stream(run, "validation", infinite=False).next_row().input_ids
+        for seed, run in runs.items()
+    }
+    assert held[42] == held[7]
+    counted = {seed: source.summarise(run) for seed, run in runs.items()}
+    assert counted[42].rows == 301 and counted[7].rows != 301  # the dry run packs in the run's order

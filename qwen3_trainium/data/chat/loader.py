@@ -9,7 +9,8 @@ masks of ``masks.py``, and yields what torchtitan's trainer expects of its loade
 trainer counts the supervised labels across ranks and micro-batches (``global_valid_tokens``,
 ``Trainer.train_step``) and divides the summed loss by that, so every supervised token weighs the
 same whatever row or rank it is in. The data state goes into each checkpoint (torchtitan saves
-the dataloader's ``state_dict`` per data-parallel rank), so a resumed run reads the same rows.
+the dataloader's ``state_dict`` per data-parallel rank), so a resumed run reads the same rows; it
+carries the data's identity, and a resume on other data is refused (``data/identity.py``).
 """
 
 from __future__ import annotations
@@ -53,9 +54,21 @@ class ChatDataLoader(ParallelAwareDataloader):
         """train, or validation (eval=on's held-out records)."""
 
         infinite: bool = True
+        """train: loop over epochs. validation: torchtitan's Validator sets it whenever eval.steps is
+        set; the held-out share is then read once and padded (``data/chat/stream.py``)."""
 
-    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
-                 local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer,
+        seq_len: int,
+        local_batch_size: int,
+        snapshot_every_n_steps: int | None = 1,
+        **kwargs,
+    ) -> None:
         run = runconfig.load(config.config_path)
         run.training.seq_len = seq_len
         rows = ChatRows(

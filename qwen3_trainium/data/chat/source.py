@@ -8,13 +8,16 @@ fraction rule picks (``heldout.heldout``), which training then skips.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
 
+from qwen3_trainium.data import identity as ident
+from qwen3_trainium.data import shares
 from qwen3_trainium.data.chat import records as rec
 from qwen3_trainium.data.chat.masks import Counts, Masker, encode
-from qwen3_trainium.data.chat.stream import Row, RowStream, Summary
+from qwen3_trainium.data.chat.stream import SEED, Row, RowStream, Summary
 from qwen3_trainium.data.chat.template import ChatTokenizer
 
 PREVIEW_MD = "data_preview.md"
@@ -72,13 +75,51 @@ def conversations(run, split: str = "train") -> list:
     return [c for i, c in enumerate(convs) if heldout(i, f) == (split != "train")]
 
 
-def stream(run, split: str = "train", *, rank: int = 0, world: int = 1, infinite: bool = True,
-           counts: Counts | None = None) -> RowStream:  # fmt: skip
+def seed(run, split: str = "train") -> int:
+    """The order's seed: ``debug.seed`` for training (a seed sweep varies the data order too);
+    always ``SEED`` for the held-out split, so that every run of a sweep scores the same rows."""
+    if split != "train" or run.debug.seed is None:
+        return SEED
+    return run.debug.seed
+
+
+def identity(run) -> dict:
+    """What decides the training rows (``data/identity.py``): saved with each checkpoint."""
+    train, _, fraction = _split_files(run)
+    tok = tokenizer(run)
+    held = f"every record the fraction {run.data.validation_fraction:g} picks" if fraction else "none"
+    return {
+        "records": ident.files(train, rec.resolve(run.data.dataset_path)),
+        "held_out": held,
+        "tokenizer": ident.tokenizer(run.data.hf_assets_path),
+        "template": ident.text(tok.template),
+        "chat_template_kwargs": dict(run.data.chat_template_kwargs or {}),
+        "loss_on": run.data.loss_on.value,
+        "history_thinking": run.data.history_thinking.value,
+        "overflow": run.data.overflow.value,
+        "seq_len": run.training.seq_len,
+        "packing": run.data.packing,
+        "seed": seed(run),
+    }
+
+
+def _encoder(run, convs: list, counts: Counts):
+    """Record i's samples, each record encoded once (the counts count it once)."""
+    m = masker(run)
+    seq_len, overflow = run.training.seq_len, run.data.overflow.value
+    return functools.cache(lambda i: encode(m, convs[i], seq_len, overflow, counts))
+
+
+def stream(run, split: str = "train", *, rank: int = 0, world: int = 1, infinite: bool = True) -> RowStream:
+    """Rank ``rank`` of ``world``'s rows. The held-out split, asked to be infinite (torchtitan's
+    Validator does whenever ``eval.steps`` is set), reads its share once and then pads
+    (``RowStream``: every rank runs the same batches, each row scored once)."""
     convs = conversations(run, split)
     tok = tokenizer(run)
     m = masker(run, tok)
     seq_len, overflow = run.training.seq_len, run.data.overflow.value
-    counts = counts if counts is not None else Counts()
+    counts = Counts()
+    held_out = split != "train"
     return RowStream(
         len(convs),
         lambda i: encode(m, convs[i], seq_len, overflow, counts),
@@ -87,25 +128,41 @@ def stream(run, split: str = "train", *, rank: int = 0, world: int = 1, infinite
         packing=run.data.packing,
         rank=rank,
         world=world,
-        infinite=infinite,
+        infinite=infinite and not held_out,
+        pad_when_spent=infinite and held_out,
+        seed=seed(run, split),
+        identity=None if held_out else identity(run),
     )
 
 
-def summarise(run, split: str = "train", cap: int = SCAN_CAP) -> Summary:
-    """One pass over (at most ``cap`` of) a split's records, packed as rank 0 of one would."""
+def summarise(
+    run, split: str = "train", cap: int = SCAN_CAP, world: int = 1, limit: int | None = None
+) -> Summary:
+    """One pass over (at most ``cap`` of) a split's records, packed as rank 0 of one would, and
+    what each of ``world`` data-parallel ranks is handed (``shares.chat``: every record's count,
+    rows up to ``limit`` a rank; without a limit the whole share, which needs every record
+    scanned: else one row a rank, enough to prove none is left without)."""
     convs = conversations(run, split)
-    scanned = convs[:cap]
-    tok = tokenizer(run)
-    m = masker(run, tok)
+    scanned = min(len(convs), cap)
     counts = Counts()
-    docs = [encode(m, c, run.training.seq_len, run.data.overflow.value, counts) for c in scanned]
-    rows_stream = RowStream(len(scanned), lambda i: docs[i], seq_len=run.training.seq_len, pad_id=tok.pad_id,
-                            packing=run.data.packing, infinite=False)  # fmt: skip
+    docs = _encoder(run, convs, counts)
+    for i in range(scanned):
+        docs(i)
+    counted = copy.deepcopy(counts)  # the scan's, before the shares read more
+    order_seed, seq_len, packing = seed(run, split), run.training.seq_len, run.data.packing
+    one = RowStream(
+        scanned, docs, seq_len=seq_len, pad_id=0, packing=packing, infinite=False, seed=order_seed
+    )
     rows, real = 0, 0
-    while (row := rows_stream.next_row()) is not None:
+    while (row := one.next_row()) is not None:
         rows += 1
         real += row.real
-    return Summary(counts, rows, real, run.training.seq_len, len(scanned), len(convs))
+    if limit is None and scanned < len(convs):
+        limit = 1
+    per_rank = shares.chat(
+        len(convs), docs, seq_len=seq_len, packing=packing, world=world, seed=order_seed, limit=limit
+    )
+    return Summary(counted, rows, real, seq_len, scanned, len(convs), per_rank)
 
 
 def preview_rows(run, n: int, world: int = 1) -> list[Row]:
@@ -136,8 +193,12 @@ def write_preview(run, run_dir: str, n: int, world: int = 1) -> tuple[str, str]:
                 + "\n"
             )
             supervised = sum(label >= 0 for label in row.labels)
-            md += [f"## Row {i + 1}: {row.documents} sample{'s' if row.documents != 1 else ''}, "
-                   f"{row.real} of {run.training.seq_len} positions are tokens, {supervised} supervised", ""]  # fmt: skip
+            plural = "s" if row.documents != 1 else ""
+            md.append(
+                f"## Row {i + 1}: {row.documents} sample{plural}, "
+                f"{row.real} of {run.training.seq_len} positions are tokens, {supervised} supervised"
+            )
+            md.append("")
             md += ["```text", _marked(tok, row), "```", ""]
     with open(os.path.join(run_dir, PREVIEW_MD), "w") as f:
         f.write("\n".join(md))
