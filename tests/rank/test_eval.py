@@ -12,7 +12,7 @@ from conftest import read_metrics, resolve, run_launch
 
 from qwen3_trainium.data import assets, heldout
 from qwen3_trainium.parent import preflight, progress, report
-from qwen3_trainium.parent.preflight.heldout import check_heldout, validation_tokens_needed
+from qwen3_trainium.parent.preflight.heldout import check_heldout
 from qwen3_trainium.rank import titan
 
 CORPUS = str(assets.CORPUS_DIR)
@@ -129,26 +129,39 @@ def test_minus_one_steps_is_allowed_on_one_rank():
     assert problems == []
 
 
-def test_a_held_out_split_too_small_for_eval_steps_is_refused_naming_what_fits(tmp_path):
+def _small_split(tmp_path, held_out: list[str]) -> tuple[str, ...]:
     corpus = tmp_path / "c"
     _jsonl(corpus / "train.jsonl", ["some training text here"] * 50)
-    _jsonl(corpus / "validation.jsonl", ["a short held out line"] * 8)  # 17 tokens each: 136
-    overrides = (
+    _jsonl(corpus / "validation.jsonl", held_out)
+    return (
         "eval=on",
         "data=local",
         f"data.dataset_path={corpus}",
         "training.seq_len=64",
         "training.local_batch_size=1",
-        "launcher.nproc_per_node=1",
         "eval.sample_tokens=0",
     )
-    run, problems = _problems(*overrides, "eval.steps=8")
-    assert validation_tokens_needed(run) == 8 * 64
-    assert [p.key for p in problems] == ["data.dataset_path"], problems
-    assert "one validation reads 512" in problems[0].message and problems[0].fix.startswith("eval.steps=2")
+
+
+def test_a_held_out_split_smaller_than_eval_steps_is_read_once_then_padded_with_a_note(tmp_path):
+    """8 lines of 17 tokens (with EOS, less the shift): 136 tokens, 2 rows of 64 on one rank. The
+    Validator's 8 batches read those 2 rows once and then padding, which the loss ignores."""
     notes: list[str] = []
-    _, problems = _problems(*overrides, "eval.steps=2", notes=notes)
+    _, problems = _problems(
+        *_small_split(tmp_path, ["a short held out line"] * 8), "eval.steps=8", notes=notes
+    )
     assert problems == [] and any("the corpus's validation split" in n for n in notes)
+    assert "eval: held-out text: 8 records over 1 data-parallel rank: 8 records, 2 rows per rank" in notes
+    assert any("rank 0 holds fewer" in n and "over 2 rows, each scored once" in n for n in notes), notes
+    assert any(n.startswith("WARNING") and "eval.steps=2 scores the same rows" in n for n in notes), notes
+
+
+def test_held_out_text_that_makes_no_row_on_any_rank_is_refused_naming_the_fix(tmp_path):
+    overrides = _small_split(tmp_path, ["a short held out line"] * 3)  # 51 tokens: no row of 64
+    _, problems = _problems(*overrides, "eval.steps=2", "launcher.nproc_per_node=1")
+    assert [p.key for p in problems] == ["data.dataset_path"], problems
+    assert "make no row of training.seq_len 64 on any rank" in problems[0].message
+    assert problems[0].fix.startswith("more held-out text, or a smaller training.seq_len")
 
 
 def test_the_shipped_split_holds_the_default_eval_on_two_ranks():
@@ -227,3 +240,27 @@ def test_smoke_with_eval_logs_val_loss_once_at_the_end(tmp_path):
     assert "eval: held-out records: the corpus's validation split" in proc.stdout
     job = json.loads((run_dir / "job.json").read_text())
     assert job["final_val_loss"] == val[0]["val_loss"] and job["objective"] == "val_loss"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data", ["chat", "text"])
+def test_one_held_out_record_on_two_ranks_validates_instead_of_crashing(tmp_path, data):
+    """The 64-rank crash at this machine's scale: one held-out record, two data-parallel ranks.
+    Rank 1 is handed none: it runs the Validator's batches on padding while rank 0 scores the
+    record, and the run ends with its val_loss (the old streams stopped the run at the first
+    validation: a RuntimeError for chat, datasets' IndexError for text)."""
+    held = tmp_path / "held.jsonl"
+    if data == "chat":
+        held.write_text((assets.CHAT_DIR / "validation.jsonl").read_text().splitlines()[0] + "\n")
+        extra = ["data=chat"]
+    else:
+        _jsonl(held, [" ".join(_random_texts(2, 1)[0].split() * 12)])  # one record, a few rows long
+        extra = []
+    run_dir = tmp_path / "run"
+    proc = run_launch(
+        "model=native", "smoke=on", "eval=on", "parallel=cpu2", "tracking=off", "eval.sample_tokens=0",
+        f"data.validation_path={held}", *extra, f"hydra.run.dir={run_dir}", timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    val = [r["val_loss"] for r in read_metrics(run_dir) if "val_loss" in r]
+    assert len(val) == 1 and 0 < val[0] < 20

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import os
 
-from qwen3_trainium.config import runconfig
 from qwen3_trainium.config.schema import AttnBackend, ModelPath, RunConf
+from qwen3_trainium.data.shares import ranks
 from qwen3_trainium.parent.preflight.problem import Problem
+from qwen3_trainium.parent.preflight.shares import dp_ranks, heldout_notes, rows_per_validation, unfed_ranks
+
+__all__ = ["check_attention_masks", "check_chat", "check_chat_static", "dp_ranks", "is_chat"]
 
 DATA_FIX = "data.dataset_path=<a .jsonl/.json/.parquet file or directory of chat records, or a cached Hub dataset id>"
 FORMAT_FIX = (
@@ -31,8 +34,8 @@ def check_attention_masks(run: RunConf) -> list[Problem]:
     if run.model.attn_backend is not AttnBackend.causal:
         return []
     if run.model.path is ModelPath.hf:
-        return [Problem("model.attn_backend", "causal", "is for model=native and model=nki_moe",
-                        "model.attn_backend=sdpa (or auto)")]  # fmt: skip
+        fix = "model.attn_backend=sdpa (or auto)"
+        return [Problem("model.attn_backend", "causal", "is for model=native and model=nki_moe", fix)]
     if is_chat(run) and not run.data.packing:
         return []
     what = (
@@ -100,7 +103,7 @@ def check_chat_static(run: RunConf) -> list[Problem]:
                 "keep",
                 "with data.loss_on=all would train the earlier turns once per later turn",
                 "data.history_thinking=as_rendered, or data.loss_on=assistant",
-            )  # fmt: skip
+            )
         )
     if data.preview < 0:
         problems.append(
@@ -109,14 +112,9 @@ def check_chat_static(run: RunConf) -> list[Problem]:
     return problems
 
 
-def dp_ranks(run: RunConf) -> int:
-    deg = runconfig.degrees(run)
-    return max(run.parallel.data_parallel_replicate_degree * deg.shard, 1)
-
-
 def check_chat(run: RunConf, notes: list[str]) -> list[Problem]:
-    """Every record read and placed: a bad record is named by file and line; the counts go to
-    the notes the dry run prints."""
+    """Every record read and placed: a bad record is named by file and line; the counts, and what
+    each data-parallel rank is handed (``preflight/shares.py``), go to the notes the dry run prints."""
     if not is_chat(run):
         return []
     from qwen3_trainium.data.chat import records, source
@@ -125,44 +123,49 @@ def check_chat(run: RunConf, notes: list[str]) -> list[Problem]:
         tok = source.tokenizer(run)
         eot = tok.end_of_turn
     except Exception as e:  # TemplateError, or jinja's own errors: a template that does not render
-        return [Problem("data.chat_template", run.data.chat_template or os.path.join(run.data.hf_assets_path, "(template)"),
-                        f"the chat template does not render a conversation: {type(e).__name__}: {e}",
-                        "data.chat_template=<a .jinja file that renders messages>")]  # fmt: skip
-    splits = ("train", "validation") if run.eval.enable else ("train",)
+        where = run.data.chat_template or os.path.join(run.data.hf_assets_path, "(template)")
+        what = f"the chat template does not render a conversation: {type(e).__name__}: {e}"
+        return [
+            Problem(
+                "data.chat_template", where, what, "data.chat_template=<a .jinja file that renders messages>"
+            )
+        ]
     problems = []
-    for split in splits:
+    for split in ("train", "validation") if run.eval.enable else ("train",):
+        held_out = split == "validation"
         try:
-            summary = source.summarise(run, split)
+            summary = source.summarise(
+                run, split, world=dp_ranks(run), limit=rows_per_validation(run) if held_out else None
+            )
         except records.RecordError as e:
-            key = (
-                "data.validation_path"
-                if split == "validation" and run.data.validation_path
-                else "data.dataset_path"
-            )
+            key = "data.validation_path" if held_out and run.data.validation_path else "data.dataset_path"
             return [Problem(key, e.where, e.message, FORMAT_FIX)]
-        label = "chat data" if split == "train" else "chat data, held out"
+        label = "chat data, held out" if held_out else "chat data"
         notes.extend(f"{label}: {line}" for line in summary.lines())
-        if split == "train":
+        if not held_out:
             notes.append(f"chat data: template {tok.template_source}; end of turn {eot}")
-        counts, ranks = summary.counts, dp_ranks(run)
-        if counts.samples == 0:
-            skipped = "; ".join(f"{n} {r}" for r, n in sorted(counts.skipped.items())) or "none"
-            problems.append(
-                Problem(
-                    "data.dataset_path",
-                    run.data.dataset_path,
-                    f"no trainable sample in the {split} records ({counts.records} read; {counts.dropped} longer than"
-                    f" seq_len {run.training.seq_len}; skipped: {skipped})",
-                    "data.overflow=truncate or a larger training.seq_len, or data.loss_on=<assistant|all>",
-                )  # fmt: skip
-            )
-        elif split == "train" and summary.scanned == summary.total and summary.rows < ranks:
-            problems.append(
-                Problem(
-                    "data.dataset_path",
-                    run.data.dataset_path,
-                    f"{summary.rows} rows of training data for {ranks} data-parallel ranks: a rank would have none",
-                    "more records, or fewer data-parallel ranks",
-                )  # fmt: skip
-            )
+        problems += _split_problems(run, summary, split, label, notes)
     return problems
+
+
+def _split_problems(run: RunConf, summary, split: str, label: str, notes: list[str]) -> list[Problem]:
+    counts, shares = summary.counts, summary.shares
+    if counts.samples == 0:
+        skipped = "; ".join(f"{n} {r}" for r, n in sorted(counts.skipped.items())) or "none"
+        what = (
+            f"no trainable sample in the {split} records ({counts.records} read; {counts.dropped} longer than"
+            f" seq_len {run.training.seq_len}; skipped: {skipped})"
+        )
+        fix = "data.overflow=truncate or a larger training.seq_len, or data.loss_on=<assistant|all>"
+        return [Problem("data.dataset_path", run.data.dataset_path, what, fix)]
+    if split == "validation":
+        notes.extend(heldout_notes(shares, run, label))
+        return []
+    notes.append(shares.line(label) + (" in the first epoch" if shares.limit is None else ""))
+    idle = [r for r in shares.without(shares.rows) if shares.records[r]]
+    if idle and shares.limit is None:
+        notes.append(
+            f"{label}: the first-epoch records of {ranks(idle)} give no sample (dropped or skipped): "
+            "those ranks read on into the next epoch's"
+        )
+    return unfed_ranks(shares, "data.dataset_path", run.data.dataset_path, "training records")

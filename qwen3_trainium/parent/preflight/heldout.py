@@ -1,5 +1,6 @@
-"""Pre-flight of eval=on's inputs: the held-out split (enough tokens for every validation
-step), the sample prompts and the export probe (each fits ``training.seq_len``).
+"""Pre-flight of text data's shares and eval=on's inputs: what each data-parallel rank is handed
+of the training and the held-out records (counted with torchtitan's own split and tokenizer), the
+sample prompts and the export probe (each fits ``training.seq_len``).
 """
 
 from __future__ import annotations
@@ -8,8 +9,16 @@ import os
 
 from qwen3_trainium.config.schema import RunConf
 from qwen3_trainium.parent.preflight.problem import Problem
+from qwen3_trainium.parent.preflight.shares import (
+    dp_ranks,
+    heldout_notes,
+    no_heldout_row,
+    rows_per_validation,
+    unfed_ranks,
+)
 
 HELDOUT_FIX = "data.validation_path=<a file or directory of held-out records>"
+CORPUS_FIX = 'data.dataset_path=<a directory of *.jsonl / *.json records with a "text" field, or *.txt>'
 
 
 def check_validation_path(run: RunConf) -> list[Problem]:
@@ -95,70 +104,79 @@ def check_probe_length(run: RunConf) -> list[Problem]:
     ]
 
 
-def validation_tokens_needed(run: RunConf) -> int:
-    """Tokens one validation reads: eval.steps batches of local_batch_size x seq_len on every
-    data-parallel rank (torchtitan's Validator builds the dataloader with dp_world_size)."""
-    from qwen3_trainium.config import runconfig
+def _encoder(run: RunConf, dataset: str):
+    """A sample's tokens as a rank makes them: the dataset's text processor, then torchtitan's
+    tokenizer with BOS and EOS (``HuggingFaceTextDataset.__iter__``)."""
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+    from torchtitan.hf_datasets.text_datasets import DATASETS
 
-    deg = runconfig.degrees(run)
-    dp = run.parallel.data_parallel_replicate_degree * deg.shard
-    return run.eval.steps * run.training.local_batch_size * max(dp, 1) * run.training.seq_len
+    tok = HuggingFaceTokenizer.Config().build(tokenizer_path=run.data.hf_assets_path)
+    processor = DATASETS[dataset].sample_processor
+    return lambda sample: tok.encode(processor(sample), add_bos=True, add_eos=True)
+
+
+def _unreadable(key: str, value, err: Exception, what: str, fix: str) -> list[Problem]:
+    return [Problem(key, value, f"{what} cannot be read: {type(err).__name__}: {err}", fix)]
+
+
+def check_text_train(run: RunConf, notes: list[str]) -> list[Problem]:
+    """Local text: every data-parallel rank's block of the training records holds text."""
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    from qwen3_trainium.data import heldout, text
+    from qwen3_trainium.data import shares as data_shares
+
+    name, path, _ = text.train_dataset(run)
+    if heldout.local_dir(run) is None:
+        notes.append("text data: a Hub dataset's shares per data-parallel rank are not counted before launch")
+        return []
+    try:
+        ds = DATASETS[name].loader(path)
+    except Exception as err:  # datasets' own errors: unreadable files
+        return _unreadable("data.dataset_path", path, err, "the training records", CORPUS_FIX)
+    world = dp_ranks(run)
+    found = data_shares.text(ds, _encoder(run, name), seq_len=run.training.seq_len, world=world, limit=1)
+    notes.append(found.line("text data", rows=False) + " (datasets.split_dataset_by_node: contiguous blocks)")
+    return unfed_ranks(found, "data.dataset_path", path, "training records")
 
 
 def check_heldout(run: RunConf, notes: list[str]) -> list[Problem]:
-    """eval=on: the held-out records exist and hold enough tokens for one validation without
-    starting over (torchtitan's Validator loops a split that runs out: the same batches twice)."""
+    """Text data: what each data-parallel rank is handed for training (``check_text_train``) and,
+    with eval=on, of the held-out records (``preflight/shares.py``: each rank's share read once,
+    then padding; refused when no rank makes a row)."""
+    problems = check_text_train(run, notes)
     if not run.eval.enable:
-        return []
+        return problems
     from qwen3_trainium.data import heldout
+    from qwen3_trainium.data import shares as data_shares
 
     src = heldout.source(run)
     notes.append(f"eval: held-out records: {src.describe(run.data.validation_fraction)}")
     if src.kind == "hub":
         notes.append("eval: a Hub dataset's validation split is not counted before launch")
-        return []
+        return problems
     if run.eval.steps == -1:
-        return []
-    needed = validation_tokens_needed(run)
+        return problems  # one rank reads the whole split, then stops
+    path_kind = src.kind == "path"
     key, value = (
         ("data.validation_path", run.data.validation_path)
-        if src.kind == "path"
+        if path_kind
         else ("data.dataset_path", run.data.dataset_path)
     )
-    try:
-        records = heldout.load_validation(run)
-    except Exception as err:  # datasets' own errors: unreadable files, no such split
-        return [
-            Problem(
-                key, value, f"the held-out records cannot be read: {type(err).__name__}: {err}", HELDOUT_FIX
-            )
-        ]
-    tokens = count_tokens(records, run.data.hf_assets_path, needed)
-    if tokens >= needed:
-        return []
-    per_batch = needed // run.eval.steps
-    fits = tokens // per_batch
-    fix = f"eval.steps={fits}" if fits >= 1 else "more held-out text"
+    fix = "more held-out text, or a smaller training.seq_len"
     if src.kind == "fraction":
         fix += ", or a larger data.validation_fraction"
     fix += f", or {HELDOUT_FIX}"
-    message = (
-        f"the held-out records ({src.describe(run.data.validation_fraction)}) hold {tokens} tokens; "
-        f"one validation reads {needed} (eval.steps {run.eval.steps} x local_batch_size "
-        f"{run.training.local_batch_size} x data-parallel ranks x seq_len {run.training.seq_len})"
+    try:
+        records = heldout.load_validation(run)
+    except Exception as err:  # datasets' own errors: unreadable files, no such split
+        return problems + _unreadable(key, value, err, "the held-out records", HELDOUT_FIX)
+    found = data_shares.text(
+        records,
+        _encoder(run, src.val_dataset),
+        seq_len=run.training.seq_len,
+        world=dp_ranks(run),
+        limit=rows_per_validation(run),
     )
-    return [Problem(key, value, message, fix)]
-
-
-def count_tokens(records, tokenizer_dir: str, enough: int) -> int:
-    """Tokens the training loader would make of these records (each document with its EOS,
-    less one for the shift), counted until ``enough``."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
-    total = 0
-    for record in records:
-        total += len(tok.encode(record["text"]).ids)  # + EOS - the shift
-        if total >= enough:
-            break
-    return total
+    notes.extend(heldout_notes(found, run, "eval: held-out text"))
+    return problems + no_heldout_row(found, key, value, fix, run)
