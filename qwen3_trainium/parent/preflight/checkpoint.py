@@ -25,8 +25,8 @@ def check_shard_size(run: RunConf) -> list[Problem]:
         if parse_size(run.checkpoint.hf_max_shard_size) <= 0:
             raise ValueError("a shard must hold at least one byte")
     except ValueError as err:
-        return [Problem("checkpoint.hf_max_shard_size", run.checkpoint.hf_max_shard_size, str(err),
-                        "checkpoint.hf_max_shard_size=5GB (or 500MB, 2GiB, a number of bytes)")]  # fmt: skip
+        fix = "checkpoint.hf_max_shard_size=5GB (or 500MB, 2GiB, a number of bytes)"
+        return [Problem("checkpoint.hf_max_shard_size", run.checkpoint.hf_max_shard_size, str(err), fix)]
     return []
 
 
@@ -89,7 +89,7 @@ def check_checkpoint_contents(run: RunConf, run_dir: str, trial, notes: list[str
     if hf_dir and not problems:
         problems += _hf_keys(run, trial, hf_dir, notes)
     if ckpt.enable:
-        problems += _resume_folder(os.path.join(run_dir, ckpt.folder), trial, notes, ckpt.load_step)
+        problems += _resume_folder(os.path.join(run_dir, ckpt.folder), trial, notes, ckpt.load_step, run)
     return problems
 
 
@@ -171,7 +171,10 @@ def check_resume_kind(run: RunConf, run_dir: str) -> list[Problem]:
     return [Problem("checkpoint.folder", folder, message, fix)]
 
 
-def _resume_folder(folder: str, trial, notes: list[str], load_step: int = -1) -> list[Problem]:
+def _resume_folder(
+    folder: str, trial, notes: list[str], load_step: int = -1, run: RunConf | None = None
+) -> list[Problem]:
+    """The step a run resumes from: its model, and (``resume_data.py``) its data positions."""
     latest = latest_step(folder)
     if latest is None:
         return []
@@ -206,6 +209,12 @@ def _resume_folder(folder: str, trial, notes: list[str], load_step: int = -1) ->
                 "resume with the model that wrote it, or use a new run directory",
             )
         ]
+    if run is not None:
+        from qwen3_trainium.parent.preflight.resume_data import check_resume_data
+
+        problems = check_resume_data(run, step_dir, saved, notes)
+        if problems:
+            return problems
     notes.append(f"resuming from {step_dir}")
     return []
 
