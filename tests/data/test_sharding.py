@@ -124,6 +124,17 @@ def test_the_shipped_60_held_out_chat_records_on_64_and_128_ranks(world):
     assert total == _supervised(iter(whole.next_row, None)) > 0
 
 
+def test_a_held_out_stream_asked_for_more_rows_than_it_holds_scores_none_twice():
+    """One rank, 60 held-out conversations in 33 rows, 40 rows asked (the Validator asks an
+    infinite loader): the 7 beyond are padding, not the first rows again."""
+    run = resolve("data=chat", "smoke=on", "eval=on")
+    whole = list(iter(source.stream(run, "validation", infinite=False).next_row, None))
+    asked = source.stream(run, "validation", infinite=True)
+    rows = [asked.next_row() for _ in range(len(whole) + 7)]
+    assert rows[: len(whole)] == whole and _supervised(rows) == _supervised(whole)
+    assert all(row.real == 0 for row in rows[len(whole) :])
+
+
 def test_the_validators_chat_loader_at_rank_63_of_64_gives_padding_batches(tmp_path):
     from qwen3_trainium.data.chat.loader import ChatDataLoader
     from qwen3_trainium.data.loaders import dataloaders
