@@ -17,7 +17,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from conftest import resolve, run_launch
+from conftest import ROOT, resolve, run_launch
 
 from qwen3_trainium.config import devices
 from qwen3_trainium.data import assets
@@ -121,13 +121,6 @@ def _cases(tmp: Path) -> list[tuple[str, list[str], dict, str, str]]:
             "launcher.nproc_per_node",
             f"{host.host_cores()} cores",
         ),
-        (
-            "more CPU ranks than the host's memory holds",
-            [f"launcher.nproc_per_node={_too_many_for_memory()}", "launcher.oversubscribe=true"],
-            {},
-            "launcher.nproc_per_node",
-            "available",
-        ),
         ("a resume step that does not exist", ["checkpoint=resume", "checkpoint.load_step=3"], {}, "checkpoint.load_step", "2, 4"),
         ("a checkpoint folder under a file", ["checkpoint=resume", f"checkpoint.folder={tmp / 'a-file' / 'ck'}"], {}, "checkpoint.folder", "not a folder"),
         ("a checkpoint folder on a read-only filesystem", ["checkpoint=resume", "checkpoint.folder=/sys/qwen3-trainium-ck"], {}, "checkpoint.folder", "cannot write"),
@@ -149,14 +142,6 @@ def _cases(tmp: Path) -> list[tuple[str, list[str], dict, str, str]]:
     ]  # fmt: skip
     (tmp / "a-file").write_text("not a folder\n")
     return cases
-
-
-def _too_many_for_memory() -> int:
-    # Twice what fits now: MemAvailable moves by more than one rank's 800 MB between this
-    # reading and the launcher's (pytest and the earlier cases free memory), and one rank over
-    # once let 28 oversubscribed ranks start training until the 120 s timeout.
-    available = host.available_memory() or 64 * 2**30
-    return 2 * (available // devices.RANK_BASE_BYTES) + 1
 
 
 def test_every_bad_machine_file_or_credential_is_refused_before_torchrun(tmp_path):
@@ -184,6 +169,55 @@ def test_every_bad_machine_file_or_credential_is_refused_before_torchrun(tmp_pat
             failures.append(f"{name}: {', '.join(why)}\n{text[-1500:]}")
     print(f"bad-machine cases: {len(cases)}, refused cleanly: {len(cases) - len(failures)}")
     assert not failures, "\n\n".join(failures)
+
+
+class Launched(Exception):
+    """torchrun would have started here."""
+
+
+def _launch_in_process(run_dir: Path, monkeypatch, available: int, *overrides: str):
+    """What ``python launch.py OVERRIDES`` does after Hydra (the launcher's ``_run_job``), in this
+    process, with the host's available memory (``MemAvailable``, what the check reads) set to
+    ``available``: ((status, code), stdout, stderr), or ``Launched`` where torchrun would start."""
+    import contextlib
+    import io
+
+    from conftest import compose_cfg
+
+    from qwen3_trainium.parent import launcher
+
+    def start(*args, **kwargs):
+        raise Launched
+
+    monkeypatch.setattr(host, "available_memory", lambda: available)
+    monkeypatch.setattr(launcher, "_start", start)
+    job = launcher.Job(run_dir=str(run_dir), launch_dir=str(ROOT), run_name="test")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        result = launcher._run_job(compose_cfg(*BASE, *overrides), job)
+    return result, out.getvalue(), err.getvalue()
+
+
+RANK_GIB = devices.RANK_BASE_BYTES / 2**30  # 800 MiB: a CPU rank with torch imported
+FOUR_RANKS = ("device=cpu", "launcher.nproc_per_node=4", "launcher.oversubscribe=true")
+
+
+def test_more_cpu_ranks_than_the_hosts_memory_holds_is_refused_before_torchrun(tmp_path, monkeypatch):
+    """4 ranks of 0.78 GiB with 3.1 GiB less a byte available: refused, nothing started or changed.
+    With exactly 4 ranks' worth available the same launch goes on to torchrun."""
+    run_dir = tmp_path / "run"
+    _previous_checkpoint(run_dir)
+    before = _tree_digest(run_dir)
+    (status, code), out, err = _launch_in_process(
+        run_dir, monkeypatch, 4 * devices.RANK_BASE_BYTES - 1, *FOUR_RANKS
+    )
+    assert (status, code) == ("failed", 2), out + err
+    assert "Traceback" not in out + err and "torchrun" not in out
+    assert "- launcher.nproc_per_node = 4: 4 processes x 0.78 GiB" in err
+    assert f"over the {4 * RANK_GIB:.1f} GiB this host has available" in err and "at most 3" in err
+    assert _tree_digest(run_dir) == before
+    with pytest.raises(Launched):
+        _launch_in_process(tmp_path / "fits", monkeypatch, 4 * devices.RANK_BASE_BYTES, *FOUR_RANKS)
 
 
 def test_the_folder_probe_leaves_nothing_behind(tmp_path):
