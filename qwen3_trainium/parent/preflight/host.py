@@ -101,19 +101,21 @@ def wandb_credentials(environ=os.environ) -> bool:
         return False
 
 
+def _not_installed(package: str) -> Problem:
+    fix = f"pip install {package} (make setup installs it), or tracking=off"
+    return Problem(f"tracking.{package}", True, f"the {package} package is not installed", fix)
+
+
 def check_trackers(run: RunConf, environ=os.environ) -> list[Problem]:
     """Each tracker asked for must start: installed, and W&B online with credentials and a route
     to its server. Otherwise the ranks would log a WARNING and train without it."""
     track, problems = run.tracking, []
     if track.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        problems.append(Problem("tracking.tensorboard", True, "the tensorboard package is not installed",
-                                "pip install tensorboard (make setup installs it), or tracking=off"))  # fmt: skip
+        problems.append(_not_installed("tensorboard"))
     if not track.wandb:
         return problems
     if importlib.util.find_spec("wandb") is None:
-        problems.append(Problem("tracking.wandb", True, "the wandb package is not installed",
-                                "pip install wandb (make setup installs it), or tracking=off"))  # fmt: skip
-        return problems
+        return problems + [_not_installed("wandb")]
     mode = tracking.wandb_mode(track.wandb_mode.value, environ)
     if mode != "online":
         return problems
