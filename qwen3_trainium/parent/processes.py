@@ -64,7 +64,7 @@ def popen(argv: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(argv, env=env, preexec_fn=tie, **kwargs)
     env = {**env, **signals.torchrun_env(env)}
 
-    def setup() -> None:
+    def setup() -> None:  # after the fork: prctl, getppid and sigaction only (``lifeline.py``)
         tie()
         signals.ignore_sigterm()
 
