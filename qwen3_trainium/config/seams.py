@@ -1,4 +1,5 @@
-"""Every torchtitan seam this project relies on, probed by name before anything starts.
+"""Every torchtitan seam this project relies on, probed by name before anything starts (and the
+private torch FSDP2 state one module reaches into, listed the same way).
 
 Two torchtitans are in use: upstream 0.3.0 (PyPI) and AWS's TorchTitan Neuron
 (``aws-neuron/torchtitan-neuron``, version ``0.2.2+neuron.*``, a fork of upstream main after the
@@ -36,6 +37,28 @@ OUR_CHECKPOINT_FIELDS = (
     "hf_max_shard_size",
 )  # not torchtitan's
 NATIVE = ("native", "nki_moe")
+
+
+# torch's FSDP2 internals that the float32 forward of the export probe and the samples sets aside and
+# restores (rank/float32_forward.py): FSDP2 has no public switch for its all-gather dtype.
+FSDP2 = "torch.distributed.fsdp._fully_shard"
+FLOAT32_PROBE = (
+    "the export check's and the samples' float32 forward in bfloat16 runs (rank/float32_forward.py)"
+)
+FSDP2_STATE = (
+    ("_fsdp_param:FSDPParam", "param_dtype"),
+    ("_fsdp_param:FSDPParam", "all_gather_outputs"),
+    ("_fsdp_param:FSDPParam", "_unsharded_param"),
+    ("_fsdp_param:FSDPParam.init_all_gather_outputs", "all_gather_outputs"),  # allocated once
+    ("_fsdp_param:FSDPParam.init_unsharded_param", "_unsharded_param"),  # made once
+    ("_fsdp_param_group:FSDPParamGroup", "fsdp_params"),
+    ("_fsdp_param_group:FSDPParamGroup", "mp_policy"),
+    ("_fsdp_state:FSDPState", "_mp_policy"),
+    ("_fsdp_state:FSDPState", "_fsdp_param_groups"),
+    ("_fsdp_state:FSDPState._lazy_init", ""),
+    ("_fully_shard:FSDPModule._get_fsdp_state", ""),
+    ("_fully_shard:FSDPModule.reshard", ""),
+)
 
 
 def _names(schema, drop=()) -> tuple[str, ...]:
@@ -165,6 +188,7 @@ SEAMS: tuple[Seam, ...] = (
     Seam("torchtitan.trainer:Trainer.post_dataloading_process", "memory=trace: the traced batch's masks", ("trace",)),
     Seam("torchtitan.models.common.token_dispatcher:AllToAllTokenDispatcher._sync_token_count_exchange",
          "memory=trace with expert parallel: balanced routing in place of token counts", ("trace",)),
+    *(Seam(f"{FSDP2}.{target}", FLOAT32_PROBE, private=True, mentions=name) for target, name in FSDP2_STATE),
 )  # fmt: skip
 
 

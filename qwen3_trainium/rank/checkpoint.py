@@ -7,15 +7,16 @@ extension point) adds:
 - ``save_at_stop``: a full checkpoint at the step a stop signal ends the run on, off the
   ``interval`` (it widens the private ``_should_save`` for that one call);
 - after a ``last_save_in_hf`` export: the files and sharding that make the step directory a
-  drop-in HF model directory (``hf_export.py``), and the logits of the trained model (weights
-  rounded to the export dtype) on a fixed probe batch (``export_probe.pt``), which the launcher
-  compares with ``AutoModelForCausalLM.from_pretrained`` of the export.
+  drop-in HF model directory (``hf_export.py``), and the logits of the trained model on a fixed
+  probe batch (``export_probe.pt``): its weights rounded to the export dtype (what the export
+  holds), computed in float32 whatever the run trains in (``float32_forward.py``), so that the
+  launcher's comparison with ``AutoModelForCausalLM.from_pretrained(dtype=float32)`` of the export
+  passes or fails in bfloat16 runs too (``probe.py``, ``parent/export_check.py``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import random
 from dataclasses import dataclass, field
@@ -28,9 +29,10 @@ from torchtitan.tools.logging import logger
 
 from qwen3_trainium.models.hf_export import complete_hf_export, parse_size, reshard
 
-PROBE_TEXT = (
-    "Alice has 3 apples. Bob gives Alice 2 more apples. Now Alice has 5 apples. The capital of Peru is Lima."
-)
+# the probe lives in probe.py; its names stay importable from here, where they were first
+from qwen3_trainium.rank.probe import PROBE_MULTIPLE, PROBE_TEXT, model_logits, probe_tokens, save_probe
+
+__all__ = ["PROBE_MULTIPLE", "PROBE_TEXT", "Qwen3CheckpointManager", "model_logits", "probe_tokens"]
 
 
 class RngState:
@@ -173,76 +175,6 @@ class Qwen3CheckpointManager(CheckpointManager):
         if not getattr(self.sd_adapter, "_tie_word_embeddings", False) or head is None or embed is None:
             return False
         return head.weight is not embed.weight
-
-
-def probe_tokens(tokenizer_dir: str) -> torch.Tensor:
-    from tokenizers import Tokenizer
-
-    ids = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json")).encode(PROBE_TEXT).ids
-    return torch.tensor([ids], dtype=torch.long)
-
-
-PROBE_MULTIPLE = 256  # rope_hf's rule at LNC=2 (128 x LNC); causal, so the padding changes nothing before it
-
-
-@torch.no_grad()
-def model_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits of a torchtitan model (native Decoder or HF backend) on one document. The document
-    is padded to a multiple of 256 tokens (model=nki_moe's rope_hf needs it) and the logits of
-    the padding dropped: attention is causal, so the rest are those of the document alone."""
-    device = next(model.parameters()).device
-    length = tokens.shape[1]
-    padded = torch.nn.functional.pad(tokens, (0, -length % PROBE_MULTIPLE)).to(device)
-    positions = torch.arange(padded.shape[1], device=device).unsqueeze(0)
-    kwargs = {"positions": positions}
-    if hasattr(model, "get_attention_masks") and not hasattr(model, "model"):  # native Decoder
-        kwargs["attention_masks"] = model.get_attention_masks(positions)
-    was_training, skip_lm_head = model.training, getattr(model, "_skip_lm_head", False)
-    model.eval()
-    model._skip_lm_head = False  # the chunked loss applies lm_head itself during training
-    try:
-        out = model(padded, **kwargs)
-    finally:
-        model.train(was_training)
-        model._skip_lm_head = skip_lm_head
-    return (out.full_tensor() if hasattr(out, "full_tensor") else out)[:, :length].float().cpu()
-
-
-class rounded_weights:
-    """Within: every floating parameter holds its value rounded to ``dtype`` (what an export in that
-    dtype carries), computed in its own dtype; the exact values come back on exit."""
-
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
-        self.params = [p for p in model.parameters() if p.is_floating_point() and p.dtype != dtype]
-        self.dtype, self.saved = dtype, []
-
-    @staticmethod
-    def _local(p):
-        return p.to_local() if hasattr(p, "to_local") else p.data
-
-    def __enter__(self):
-        with torch.no_grad():
-            for p in self.params:
-                local = self._local(p)
-                self.saved.append(local.clone())
-                local.copy_(local.to(self.dtype).to(local.dtype))
-        return self
-
-    def __exit__(self, *exc):
-        with torch.no_grad():
-            for p, value in zip(self.params, self.saved, strict=True):
-                self._local(p).copy_(value)
-        self.saved.clear()
-
-
-def save_probe(model: torch.nn.Module, tokenizer_dir: str, path: str, export_dtype: str = "float32") -> None:
-    """Every rank runs the forward (FSDP gathers) with the weights as the export holds them
-    (rounded to ``export_dtype``); rank 0 writes tokens and logits."""
-    tokens = probe_tokens(tokenizer_dir)
-    with rounded_weights(model, getattr(torch, export_dtype)):
-        logits = model_logits(model, tokens)
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        torch.save({"tokens": tokens, "logits": logits}, path)
 
 
 def hf_config_dict(model_config, max_position_embeddings: int) -> dict:

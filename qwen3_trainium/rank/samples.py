@@ -3,14 +3,18 @@
 Three sides, one file (``samples.json`` in the run directory) between them:
 - ranks (``trainer.SampleAfterTraining`` calls ``sample_on_ranks``): after the last step every
   rank decodes ``eval.sample_tokens`` greedy tokens for each of ``eval.sample_prompts`` from the
-  trained weights, one full forward per token (``checkpoint.model_logits``: the same forwards on
-  every rank, as FSDP and TP need); rank 0 writes ``samples.json`` and ``samples.md``.
+  trained weights, one full forward per token (``probe.model_logits``: the same forwards on
+  every rank, as FSDP and TP need), in float32 whatever the run trains in
+  (``float32_forward.py``) and, when the run makes an HF export, on the weights rounded to its
+  dtype (what the export holds); each token's margin (its logit minus the runner-up's) is kept;
+  rank 0 writes ``samples.json`` and ``samples.md``.
 - a fresh process (``python -m qwen3_trainium.parent.export_check --generate EXPORT_DIR SAMPLES_JSON``,
   fresh for the reason ``export_check.py`` gives): ``AutoModelForCausalLM.generate`` on the HF
-  export, greedy, with the ranks' prompt ids, EOS ids and token counts; it prints the new ids.
-- the launcher (``parent/export_check.after_run``): runs that process when the run made an HF export and rewrites
-  ``samples.md`` with both texts side by side. With float32 weights, float32 compute, a float32
-  export and CPU on both sides the ids must be equal (exit 3 otherwise); else reported only.
+  export in float32, greedy, with the ranks' prompt ids, EOS ids and token counts; it prints the
+  new ids.
+- the launcher (``parent/samples_check.py``): runs that process when the run made an HF export,
+  rewrites ``samples.md`` with both texts side by side, and fails the run (exit 3) when they
+  differ: anywhere on CPU, elsewhere except at a near tie of the ranks' logits (the margin).
 
 Greedy here is what ``generate(do_sample=False)`` does (``transformers/generation/utils.py``,
 ``_sample``): the first maximal logit of the last position in float32, appended to the input;
@@ -63,15 +67,25 @@ def eos_ids(tokenizer_dir: str, tokenizer) -> list[int]:
 
 
 def greedy(
-    logits: Callable, prompt_ids: list[int], steps: int, eos: list[int], agree: Callable | None = None
+    logits: Callable,
+    prompt_ids: list[int],
+    steps: int,
+    eos: list[int],
+    agree: Callable | None = None,
+    margins: list[float] | None = None,
 ) -> list[int]:
     """Up to ``steps`` greedy ids after ``prompt_ids``; ``logits([1, L] ids) -> [1, L, vocab]``.
-    ``agree`` makes every rank continue with the same id (rank 0's)."""
+    ``agree`` makes every rank continue with the same id (rank 0's); ``margins`` receives each
+    step's best logit minus the second best (how near a tie the choice was)."""
     import torch
 
     out: list[int] = []
     for _ in range(steps if prompt_ids else 0):  # nothing to condition on: no sample
-        token = int(logits(torch.tensor([prompt_ids + out]))[0, -1].float().argmax())
+        last = logits(torch.tensor([prompt_ids + out]))[0, -1].float()
+        token = int(last.argmax())
+        if margins is not None:
+            top = last.topk(2).values if last.numel() > 1 else last.repeat(2)
+            margins.append(float(top[0] - top[1]))
         out.append(agree(token) if agree is not None else token)
         if out[-1] in eos:
             break
@@ -87,16 +101,51 @@ def _rank0_id(group, token: int) -> int:
     return int(flag.item())
 
 
-def sample_on_ranks(model, config: SampleConfig, group=None, max_len: int | None = None, **facts) -> dict:
-    """Every rank: the samples of ``model`` (one torchtitan model part); rank 0 writes them.
-    ``group``: a gloo group of every rank (None: one process); ``max_len``: the model's positions
-    (training.seq_len); ``facts`` go into samples.json."""
+def sample_on_ranks(
+    model, config: SampleConfig, group=None, max_len: int | None = None, round_to: str = "", **facts
+) -> dict:
+    """Every rank: the samples of ``model`` (one torchtitan model part), computed in float32;
+    rank 0 writes them. ``group``: a gloo group of every rank (None: one process); ``max_len``:
+    the model's positions (training.seq_len); ``round_to``: a dtype the weights are rounded to
+    meanwhile (an HF export's; empty: none); ``facts`` go into samples.json."""
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+
+    from qwen3_trainium.rank.float32_forward import float32_forward
+    from qwen3_trainium.rank.probe import rounded_weights
+
+    with float32_forward(model):  # resharded: the parameters are the float32 masters
+        weights = next(model.parameters())
+        with rounded_weights(model, getattr(torch, round_to)) if round_to else contextlib.nullcontext():
+            samples, eos = _decode(model, config, group, max_len)
+    record = {
+        "tokens": config.tokens,
+        "eos_ids": eos,
+        "tokenizer_dir": config.tokenizer_dir,
+        "chat_template": config.chat_template,
+        "max_len": max_len,
+        "weights_dtype": str(weights.dtype).removeprefix("torch."),
+        "rounded_to": round_to or None,
+        "compute_dtype": "float32",
+        "device": weights.device.type,
+        "neuron_cc_flags": os.environ.get("NEURON_CC_FLAGS", ""),
+        **facts,
+        "samples": samples,
+    }
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        write(config.path, record)
+    return record
+
+
+def _decode(model, config: SampleConfig, group, max_len: int | None) -> tuple[list[dict], list[int]]:
+    """Each prompt's sample, and the EOS ids they end at."""
     import functools
 
-    import torch.distributed as dist
     from tokenizers import Tokenizer
 
-    from qwen3_trainium.rank.checkpoint import PROBE_MULTIPLE, model_logits
+    from qwen3_trainium.rank.probe import PROBE_MULTIPLE, model_logits
 
     tokenizer = Tokenizer.from_file(os.path.join(config.tokenizer_dir, "tokenizer.json"))
     eos = eos_ids(config.tokenizer_dir, tokenizer)
@@ -115,24 +164,14 @@ def sample_on_ranks(model, config: SampleConfig, group=None, max_len: int | None
     for prompt in config.prompts:
         ids = chat.prompt_ids(prompt, **config.chat_template_kwargs) if chat else tokenizer.encode(prompt).ids
         steps = config.tokens if limit is None else max(0, min(config.tokens, limit - len(ids) + 1))
-        out = greedy(functools.partial(model_logits, model), ids, steps, eos, agree)
+        margins: list[float] = []
+        out = greedy(functools.partial(model_logits, model), ids, steps, eos, agree, margins)
         text = tokenizer.decode(out, skip_special_tokens=False)
         samples.append(
             {"prompt": prompt, "prompt_ids": ids, "max_new_tokens": steps, "generated_ids": out, "text": text}
+            | {"margins": margins}
         )
-    record = {
-        "tokens": config.tokens,
-        "eos_ids": eos,
-        "tokenizer_dir": config.tokenizer_dir,
-        "chat_template": config.chat_template,
-        "max_len": max_len,
-        "weights_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        **facts,
-        "samples": samples,
-    }
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        write(config.path, record)
-    return record
+    return samples, eos
 
 
 def cut_short(record: dict) -> list[dict]:
@@ -172,8 +211,11 @@ def render(record: dict) -> str:
     """samples.md: prompt and the trained model's continuation, and the export's beside it."""
     export = record.get("export")
     facts = f"weights {record['weights_dtype']}"
+    if record.get("rounded_to") not in (None, record["weights_dtype"]):
+        facts += f" rounded to {record['rounded_to']} (what the HF export holds)"
+    facts += f", computed in {record.get('compute_dtype', record.get('mixed_precision_param'))}"
     if record.get("mixed_precision_param"):
-        facts += f", compute {record['mixed_precision_param']} (training.mixed_precision_param)"
+        facts += f"; trained in {record['mixed_precision_param']} (training.mixed_precision_param)"
     lines = [
         f"# Greedy samples after step {record.get('step', '?')}",
         "",
@@ -191,8 +233,12 @@ def render(record: dict) -> str:
     for i, sample in enumerate(record["samples"]):
         notes = []
         if export:
-            k = export["first_difference"][i]
+            k, margin = export["first_difference"][i], export.get("margin_at_difference", [None] * (i + 1))[i]
             notes.append("identical" if k is None else f"differs at token {k}")
+            if margin is not None:
+                notes.append(
+                    f"the ranks' margin there {margin:.2e} (near tie: at most {export['tie_margin']:.0e})"
+                )
         if sample in cut_short(record):
             notes.append(f"cut at {sample['max_new_tokens']} tokens (training.seq_len={record['max_len']})")
         if notes:

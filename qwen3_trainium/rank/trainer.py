@@ -17,7 +17,8 @@ accelerator's stream is not synchronised).
 
 Samples: ``SampleAfterTraining.train`` runs torchtitan's ``train`` (which ends after the last
 step's save and validation, on every rank) and then the decode, on every rank, since each forward
-of an FSDP or TP model is a collective. A run a signal stopped writes none.
+of an FSDP or TP model is a collective; in float32, on the weights as an HF export holds them when
+the run makes one (``samples.py``). A run a signal stopped writes none.
 
 Subclassing ``Trainer`` with a nested ``Config`` is torchtitan's own pattern
 (``torchtitan/models/flux/trainer.py``, ``experiments/transformers_modeling_backend/trainer.py``);
@@ -110,11 +111,14 @@ class SampleAfterTraining:
             return
         # the gloo group the stop flags use (made now when no step boundary made it)
         group = self._stop_group if self._first_step is not None else agreement_group()
+        checkpoint = self.config.checkpoint
+        exported = checkpoint.enable and checkpoint.last_save_in_hf
         record = samples.sample_on_ranks(
             self.model_parts[0],
             config,
             group,
             max_len=self.config.training.seq_len,
+            round_to=checkpoint.export_dtype if exported else "",  # as the HF export holds them
             step=self.step,
             mixed_precision_param=self.config.training.mixed_precision_param,
         )

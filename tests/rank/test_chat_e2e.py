@@ -139,12 +139,15 @@ def test_kill_and_resume_mid_epoch_is_exact_on_chat_data(tmp_path):
 GENERATE = r"""
 import json, sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-export, prompt = sys.argv[1], sys.argv[2]
+export, record = sys.argv[1], json.load(open(sys.argv[2]))
 tok = AutoTokenizer.from_pretrained(export)
 model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
-ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-out = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
-print(json.dumps({"prompt_ids": ids[0].tolist(), "generated_ids": out[0, ids.shape[1]:].tolist()}))
+out = []
+for sample in record["samples"]:
+    ids = tok.apply_chat_template([{"role": "user", "content": sample["prompt"]}], add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    seq = model.generate(ids, max_new_tokens=sample["max_new_tokens"], do_sample=False, eos_token_id=record["eos_ids"], pad_token_id=record["eos_ids"][0])
+    out.append({"prompt_ids": ids[0].tolist(), "generated_ids": seq[0, ids.shape[1]:].tolist()})
+print(json.dumps(out))
 """
 
 
@@ -155,7 +158,8 @@ def test_each_path_fine_tunes_an_hf_directory_on_chat_and_its_export_answers_thr
     model, tmp_path
 ):
     """The README's recipe: chat fine-tune from an HF directory, HF export, then Transformers'
-    generate on the export with the export's own chat template gives the ranks' greedy answer."""
+    generate on the export with the export's own chat template gives the ranks' greedy answer,
+    every id of it, for every prompt (same token budget, same EOS ids)."""
     source_dir = {
         "hf": assets.ensure_hf_model(),
         "native": assets.ensure_hf_model(),
@@ -171,16 +175,16 @@ def test_each_path_fine_tunes_an_hf_directory_on_chat_and_its_export_answers_thr
     export = tmp_path / "checkpoint" / "step-10"
     assert (export / "chat_template.jinja").is_file()
     record = json.loads((tmp_path / "samples.json").read_text())
-    prompt = record["samples"][0]
     out = subprocess.run(
-        [os.sys.executable, "-c", GENERATE, str(export), prompt["prompt"]],
+        [os.sys.executable, "-c", GENERATE, str(export), str(tmp_path / "samples.json")],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     hf = json.loads(out.stdout.strip().splitlines()[-1])
-    assert hf["prompt_ids"] == prompt["prompt_ids"], (
-        "the export's template renders the prompt as training did"
-    )
-    assert hf["generated_ids"] and hf["generated_ids"] == prompt["generated_ids"][: len(hf["generated_ids"])]
+    for ours, theirs in zip(record["samples"], hf, strict=True):
+        assert theirs["prompt_ids"] == ours["prompt_ids"], (
+            "the export's template renders the prompt as training did"
+        )
+        assert ours["generated_ids"] and theirs["generated_ids"] == ours["generated_ids"], ours["prompt"]

@@ -6,11 +6,14 @@ float32 (the ``auto`` default there), that made the native MoE the only part of 
 computed in bfloat16: its HF export could not match Transformers' float32 Qwen3-MoE (5.8e-4 max
 abs logit diff measured on tiny_moe). ``torch._grouped_mm`` runs float32 on CPU, so this override
 keeps the same parameters and the same three grouped GEMMs without the casts.
-Activated by ``titan.override_imports`` on CPU with float32 parameters.
+Activated by ``titan.override_imports`` on CPU with float32 parameters; ``float32_experts``
+lends its forward to torchtitan's experts for one float32 forward on any device and dtype.
 """
 
 from __future__ import annotations
 
+import contextlib
+import types
 from dataclasses import dataclass
 
 import torch
@@ -40,3 +43,33 @@ class ParamDtypeGroupedExperts(GroupedExperts):
 )
 def param_dtype_experts(cfg: GroupedExperts.Config) -> ParamDtypeGroupedExperts.Config:
     return derive(cfg, ParamDtypeGroupedExperts.Config)
+
+
+@contextlib.contextmanager
+def float32_experts(model: torch.nn.Module):
+    """Within: every routed expert of ``model`` computes in float32, whatever the run's precision
+    (the export check's probe and the samples, ``rank/float32_forward.py``).
+
+    - torchtitan's ``GroupedExperts`` casts to bfloat16 in its ``forward``; each instance is given
+      this module's forward (the same grouped GEMMs in the weights' dtype, float32 within the
+      probe) as an instance attribute, removed on exit;
+    - ``BlockwiseRoutedExperts`` (model=nki_moe) computes in ``model.moe_compute_dtype``, bfloat16
+      on Neuron or with bfloat16 parameters; its ``compute_dtype`` is float32 within.
+    """
+    from qwen3_trainium.models.overrides.blockwise_experts import BlockwiseRoutedExperts
+
+    swapped, blockwise = [], []
+    for module in model.modules():
+        if type(module) is GroupedExperts:
+            module.forward = types.MethodType(ParamDtypeGroupedExperts.forward, module)
+            swapped.append(module)
+        elif isinstance(module, BlockwiseRoutedExperts):
+            blockwise.append((module, module.compute_dtype))
+            module.compute_dtype = "float32"
+    try:
+        yield
+    finally:
+        for module in swapped:
+            del module.forward
+        for module, dtype in blockwise:
+            module.compute_dtype = dtype
