@@ -15,8 +15,9 @@ Which records are held out, in this order:
 
 The loaders are entries of torchtitan's dataset registry (``DATASETS``,
 ``torchtitan/hf_datasets/text_datasets.py``: "Add your dataset here"), so torchtitan's own
-``HuggingFaceTextDataLoader`` reads them, in the training loop and in the ``Validator``.
-``register`` adds the ones a run uses, in the parent and in every rank (``titan.py``).
+``HuggingFaceTextDataset`` reads them (through ``data/text.py``), in the training loop and in the
+``Validator``, where each data-parallel rank reads its share once and then padding.
+``register`` adds the ones a run uses, in the parent and in every rank (``data/loaders.py``).
 """
 
 from __future__ import annotations

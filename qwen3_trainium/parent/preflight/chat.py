@@ -123,20 +123,13 @@ def check_chat(run: RunConf, notes: list[str]) -> list[Problem]:
         tok = source.tokenizer(run)
         eot = tok.end_of_turn
     except Exception as e:  # TemplateError, or jinja's own errors: a template that does not render
-        where = run.data.chat_template or os.path.join(run.data.hf_assets_path, "(template)")
-        what = f"the chat template does not render a conversation: {type(e).__name__}: {e}"
-        return [
-            Problem(
-                "data.chat_template", where, what, "data.chat_template=<a .jinja file that renders messages>"
-            )
-        ]
+        return [_template_problem(run, e)]
     problems = []
     for split in ("train", "validation") if run.eval.enable else ("train",):
         held_out = split == "validation"
+        limit = rows_per_validation(run) if held_out and run.eval.steps > 0 else None  # rows a rank reads
         try:
-            summary = source.summarise(
-                run, split, world=dp_ranks(run), limit=rows_per_validation(run) if held_out else None
-            )
+            summary = source.summarise(run, split, world=dp_ranks(run), limit=limit)
         except records.RecordError as e:
             key = "data.validation_path" if held_out and run.data.validation_path else "data.dataset_path"
             return [Problem(key, e.where, e.message, FORMAT_FIX)]
@@ -146,6 +139,14 @@ def check_chat(run: RunConf, notes: list[str]) -> list[Problem]:
             notes.append(f"chat data: template {tok.template_source}; end of turn {eot}")
         problems += _split_problems(run, summary, split, label, notes)
     return problems
+
+
+def _template_problem(run: RunConf, e: Exception) -> Problem:
+    where = run.data.chat_template or os.path.join(run.data.hf_assets_path, "(template)")
+    what = f"the chat template does not render a conversation: {type(e).__name__}: {e}"
+    return Problem(
+        "data.chat_template", where, what, "data.chat_template=<a .jinja file that renders messages>"
+    )
 
 
 def _split_problems(run: RunConf, summary, split: str, label: str, notes: list[str]) -> list[Problem]:
@@ -158,8 +159,8 @@ def _split_problems(run: RunConf, summary, split: str, label: str, notes: list[s
         )
         fix = "data.overflow=truncate or a larger training.seq_len, or data.loss_on=<assistant|all>"
         return [Problem("data.dataset_path", run.data.dataset_path, what, fix)]
-    if split == "validation":
-        notes.extend(heldout_notes(shares, run, label))
+    if split == "validation":  # eval.steps -1 (one rank): the whole split, then it stops
+        notes.extend(heldout_notes(shares, run, label) if run.eval.steps > 0 else [shares.line(label)])
         return []
     notes.append(shares.line(label) + (" in the first epoch" if shares.limit is None else ""))
     idle = [r for r in shares.without(shares.rows) if shares.records[r]]

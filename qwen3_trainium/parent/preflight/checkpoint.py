@@ -171,19 +171,24 @@ def check_resume_kind(run: RunConf, run_dir: str) -> list[Problem]:
     return [Problem("checkpoint.folder", folder, message, fix)]
 
 
+def _resume_step(folder: str, load_step: int = -1) -> str | None:
+    """The DCP step folder torchtitan would resume from, or None (nothing, or an HF export)."""
+    latest = latest_step(folder)
+    if latest is None:
+        return None
+    step, kind = latest
+    if load_step >= 0:
+        step, kind = load_step, "dcp"  # files.check_load_step: it exists
+    return None if kind == "hf" else os.path.join(folder, f"step-{step}")  # hf: check_resume_kind's
+
+
 def _resume_folder(
     folder: str, trial, notes: list[str], load_step: int = -1, run: RunConf | None = None
 ) -> list[Problem]:
     """The step a run resumes from: its model, and (``resume_data.py``) its data positions."""
-    latest = latest_step(folder)
-    if latest is None:
+    step_dir = _resume_step(folder, load_step)
+    if step_dir is None:
         return []
-    step, kind = latest
-    if load_step >= 0:
-        step, kind = load_step, "dcp"  # files.check_load_step: it exists
-    step_dir = os.path.join(folder, f"step-{step}")
-    if kind == "hf":
-        return []  # check_resume_kind reports it
     from torch.distributed.checkpoint import FileSystemReader
 
     try:
@@ -192,31 +197,30 @@ def _resume_folder(
         message = f"{step_dir}/.metadata cannot be read as a DCP checkpoint ({type(err).__name__}: {err})"
         fix = "checkpoint.load_step=<an earlier saved step>, or move the damaged step folder aside"
         return [Problem("checkpoint.folder", folder, message, fix)]
+    problems = _resume_model(folder, step_dir, saved, trial)
+    if not problems and run is not None:
+        from qwen3_trainium.parent.preflight.resume_data import check_resume_data
+
+        problems = check_resume_data(run, step_dir, saved, notes)
+    if not problems:
+        notes.append(f"resuming from {step_dir}")
+    return problems
+
+
+def _resume_model(folder: str, step_dir: str, saved: dict, trial) -> list[Problem]:
+    """The step's tensors against the model this run builds."""
     ours, _ = _meta_state_shapes(trial)
     wrong = sorted(
         k for k, shape in ours.items() if k not in saved or tuple(getattr(saved[k], "size", ())) != shape
     )
-    if wrong:
-        layouts = _expert_layouts(saved, ours)
-        if layouts:
-            return [_expert_layout_problem(folder, step_dir, *layouts)]
-        message = f"{step_dir} holds a different model: {len(wrong)} of {len(ours)} tensors missing or shaped differently ({', '.join(wrong[:SHOWN])})"
-        return [
-            Problem(
-                "checkpoint.folder",
-                folder,
-                message,
-                "resume with the model that wrote it, or use a new run directory",
-            )
-        ]
-    if run is not None:
-        from qwen3_trainium.parent.preflight.resume_data import check_resume_data
-
-        problems = check_resume_data(run, step_dir, saved, notes)
-        if problems:
-            return problems
-    notes.append(f"resuming from {step_dir}")
-    return []
+    if not wrong:
+        return []
+    layouts = _expert_layouts(saved, ours)
+    if layouts:
+        return [_expert_layout_problem(folder, step_dir, *layouts)]
+    message = f"{step_dir} holds a different model: {len(wrong)} of {len(ours)} tensors missing or shaped differently ({', '.join(wrong[:SHOWN])})"
+    fix = "resume with the model that wrote it, or use a new run directory"
+    return [Problem("checkpoint.folder", folder, message, fix)]
 
 
 def _expert_layouts(saved, ours) -> tuple[str, str] | None:

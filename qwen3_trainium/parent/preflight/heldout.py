@@ -148,21 +148,23 @@ def check_heldout(run: RunConf, notes: list[str]) -> list[Problem]:
     if not run.eval.enable:
         return problems
     from qwen3_trainium.data import heldout
-    from qwen3_trainium.data import shares as data_shares
 
     src = heldout.source(run)
     notes.append(f"eval: held-out records: {src.describe(run.data.validation_fraction)}")
     if src.kind == "hub":
         notes.append("eval: a Hub dataset's validation split is not counted before launch")
         return problems
-    if run.eval.steps == -1:
-        return problems  # one rank reads the whole split, then stops
-    path_kind = src.kind == "path"
-    key, value = (
-        ("data.validation_path", run.data.validation_path)
-        if path_kind
-        else ("data.dataset_path", run.data.dataset_path)
-    )
+    return problems + _heldout_text(run, src, notes)
+
+
+def _heldout_text(run: RunConf, src, notes: list[str]) -> list[Problem]:
+    from qwen3_trainium.data import heldout
+    from qwen3_trainium.data import shares as data_shares
+
+    if src.kind == "path":
+        key, value = "data.validation_path", run.data.validation_path
+    else:
+        key, value = "data.dataset_path", run.data.dataset_path
     fix = "more held-out text, or a smaller training.seq_len"
     if src.kind == "fraction":
         fix += ", or a larger data.validation_fraction"
@@ -170,13 +172,11 @@ def check_heldout(run: RunConf, notes: list[str]) -> list[Problem]:
     try:
         records = heldout.load_validation(run)
     except Exception as err:  # datasets' own errors: unreadable files, no such split
-        return problems + _unreadable(key, value, err, "the held-out records", HELDOUT_FIX)
-    found = data_shares.text(
-        records,
-        _encoder(run, src.val_dataset),
-        seq_len=run.training.seq_len,
-        world=dp_ranks(run),
-        limit=rows_per_validation(run),
-    )
-    notes.extend(heldout_notes(found, run, "eval: held-out text"))
-    return problems + no_heldout_row(found, key, value, fix, run)
+        return _unreadable(key, value, err, "the held-out records", HELDOUT_FIX)
+    whole = run.eval.steps == -1  # one rank reads the whole split, then stops: one row is enough here
+    limit = 1 if whole else rows_per_validation(run)
+    encode = _encoder(run, src.val_dataset)
+    found = data_shares.text(records, encode, seq_len=run.training.seq_len, world=dp_ranks(run), limit=limit)
+    if not whole:
+        notes.extend(heldout_notes(found, run, "eval: held-out text"))
+    return no_heldout_row(found, key, value, fix, run)
