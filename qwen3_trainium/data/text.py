@@ -53,8 +53,11 @@ def train_files(path: str) -> list[str]:
     """The files ``load_dataset(path, split="train")`` reads (``datasets``' own split patterns)."""
     from datasets.data_files import DataFilesDict, get_data_patterns
 
-    found = DataFilesDict.from_local_or_remote(get_data_patterns(path), base_path=path)
-    return sorted(found["train"])
+    try:
+        found = DataFilesDict.from_local_or_remote(get_data_patterns(path), base_path=path)
+    except Exception:  # no data files (EmptyDatasetError and friends): pre-flight's corpus check says so
+        return []
+    return sorted(found.get("train", []))
 
 
 def identity(run) -> dict:

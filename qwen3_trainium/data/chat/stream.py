@@ -1,8 +1,9 @@
 """Packed rows from conversations: the one sequence of training rows, for the ranks, the preview
 and the dry run's counts alike.
 
-Order: every epoch a permutation of the records (``random.Random(seed + epoch)``, ``seed`` =
-``debug.seed``, 42 when unset, as torchtitan's ``ChatDataset`` reshuffles with ``seed=42 + epoch``);
+Order: every epoch a permutation of the records (``random.Random(seed + epoch)``; ``seed`` is
+``debug.seed`` for training, 42 when unset, as torchtitan's ``ChatDataset`` reshuffles with
+``seed=42 + epoch``, and always 42 for the held-out split, so a seed sweep scores the same rows);
 data-parallel rank ``r`` of ``w`` reads positions ``r, r + w, ...`` of it (``order``: the one
 function that says what a rank is handed, called by the ranks and by pre-flight). Samples
 (``masks.encode``) are packed greedily in that order: a sample goes into the current row if it
@@ -14,7 +15,7 @@ apart; padding is a document of its own, with no labels.
 Training streams loop (a new permutation each epoch). A rank whose share of an epoch gives no
 sample (every record dropped or skipped) moves on to the next epoch; only a rank handed no record
 at all, or one that misses every trainable record for ``EMPTY_EPOCHS_PER_RANK x world`` epochs
-running (odds below e^-20 while one record in the split trains), stops with an error.
+running (odds below e^-20 while one record of the split trains), stops with an error.
 Validation streams (``pad_when_spent``) read the rank's share once, then give rows of padding
 without labels: every rank runs the Validator's ``eval.steps`` batches (it has no cross-rank
 agreement on when data ends, so a rank that stopped early would leave the others waiting in
@@ -38,7 +39,10 @@ from qwen3_trainium.data.chat.masks import IGNORE_INDEX, Counts, Doc
 from qwen3_trainium.data.shares import Shares
 
 SEED = 42  # the order's seed when debug.seed is unset (torchtitan ChatDataset's)
-EMPTY_EPOCHS_PER_RANK = 20  # (1 - 1/w) ** (20 w) < e^-20: one trainable record is missed that long
+# A rank's share of an epoch is floor(n/w) >= n/(2w) of the n records (n >= w), so one trainable
+# record escapes an epoch's share with odds at most 1 - 1/(2w), and 40 w epochs running with odds
+# below (1 - 1/(2w)) ** (40 w) < e^-20.
+EMPTY_EPOCHS_PER_RANK = 40
 
 
 @dataclass
