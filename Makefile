@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-neuron lock doctor test-neuron test-gpu test-heavy smoke smoke-native smoke-hf smoke-nki-moe smoke-chat sweep-paths wandb-sync test test-fast lint format bench bench-compile bench-paths assets clean
+.PHONY: setup setup-neuron lock doctor test-neuron test-gpu test-heavy smoke smoke-native smoke-hf smoke-nki-moe smoke-chat smoke-bf16 sweep-paths wandb-sync test test-fast lint format bench bench-compile bench-paths assets clean
 
 setup: $(STAMP)
 
@@ -61,6 +61,11 @@ smoke-nki-moe: setup
 # Supervised fine-tuning on the shipped conversations (data=chat), with a preview of the rows.
 smoke-chat: setup
 	$(PY) launch.py model=native smoke=on data=chat data.preview=4
+
+# The regime trn2 runs, on CPU: the three paths in bfloat16 over two FSDP ranks, each with an HF
+# export and samples; the export and samples checks pass or fail the job as in float32.
+smoke-bf16: setup
+	$(PY) launch.py -m model=hf,native,nki_moe smoke=on parallel=cpu2 training.mixed_precision_param=bfloat16 checkpoint=hf_export eval=on
 
 # The three training paths side by side: one summary table, summary.csv/md and loss.png.
 sweep-paths: setup
