@@ -196,10 +196,10 @@ def _memorized_run(tmp_path: Path, name: str, validation: list[str], train: list
     _jsonl(corpus / "train.jsonl", train)
     _jsonl(corpus / "validation.jsonl", validation)
     run_dir = tmp_path / name / "run"
-    proc = run_launch(
-        "model=native", "smoke=on", "eval=on", "tracking=off", "data=local", f"data.dataset_path={corpus}",
-        "training.steps=60", "optimizer.lr=3e-3", "eval.sample_tokens=0", "eval.steps=1", f"hydra.run.dir={run_dir}", timeout=900,
-    )  # fmt: skip
+    data = ["data=local", f"data.dataset_path={corpus}", "eval.sample_tokens=0", "eval.steps=1"]
+    training = ["training.steps=60", "optimizer.lr=3e-3"]
+    run = ["model=native", "smoke=on", "eval=on", "tracking=off", f"hydra.run.dir={run_dir}"]
+    proc = run_launch(*run, *data, *training, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((run_dir / "job.json").read_text())
 
@@ -243,7 +243,7 @@ def test_smoke_with_eval_logs_val_loss_once_at_the_end(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("data", ["chat", "text"])
+@pytest.mark.parametrize("data", ["chat", pytest.param("text", marks=pytest.mark.heavy)])
 def test_one_held_out_record_on_two_ranks_validates_instead_of_crashing(tmp_path, data):
     """The 64-rank crash at this machine's scale: one held-out record, two data-parallel ranks.
     Rank 1 is handed none: it runs the Validator's batches on padding while rank 0 scores the
@@ -257,10 +257,15 @@ def test_one_held_out_record_on_two_ranks_validates_instead_of_crashing(tmp_path
         _jsonl(held, [" ".join(_random_texts(2, 1)[0].split() * 12)])  # one record, a few rows long
         extra = []
     run_dir = tmp_path / "run"
+    common = ["model=native", "smoke=on", "training.steps=2", "eval=on", "parallel=cpu2", "tracking=off"]
     proc = run_launch(
-        "model=native", "smoke=on", "eval=on", "parallel=cpu2", "tracking=off", "eval.sample_tokens=0",
-        f"data.validation_path={held}", *extra, f"hydra.run.dir={run_dir}", timeout=900,
-    )  # fmt: skip
+        *common,
+        "eval.sample_tokens=0",
+        f"data.validation_path={held}",
+        *extra,
+        f"hydra.run.dir={run_dir}",
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     val = [r["val_loss"] for r in read_metrics(run_dir) if "val_loss" in r]
     assert len(val) == 1 and 0 < val[0] < 20
