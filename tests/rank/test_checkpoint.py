@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT, launch_killed_after, read_metrics, resolve, run_launch
 from safetensors.torch import load_file, save_file
 
@@ -225,3 +226,31 @@ def test_a_checkpoint_in_torchtitans_expert_layout_is_refused_then_converted_and
     assert len(losses["run"]) == 4  # two before the conversion, two after
     for a, b in zip(losses["straight"], losses["run"], strict=True):  # grouped GEMM vs blocks: 1e-6
         assert abs(a - b) <= 1e-5
+
+
+class _Scaled(torch.nn.Module):
+    """A stand-in model part: logits are the one-hot next id scaled by a weight bfloat16 cannot
+    hold (1 + 2**-10 rounds to 1.0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.tensor([1 + 2**-10]))
+
+    def forward(self, tokens, positions):
+        return torch.nn.functional.one_hot((tokens + 1) % 512, 512).float() * self.weight
+
+
+def test_the_probe_holds_float32_logits_of_the_weights_the_export_holds_and_where_they_ran(
+    tmp_path, monkeypatch
+):
+    from qwen3_trainium.rank import probe
+
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--auto-cast=none")
+    model = _Scaled()
+    probe.save_probe(model, str(assets.TOKENIZER_DIR), str(tmp_path / "probe.pt"), "bfloat16")
+    saved = torch.load(tmp_path / "probe.pt")
+    tokens = probe.probe_tokens(str(assets.TOKENIZER_DIR))
+    assert torch.equal(saved["tokens"], tokens) and saved["logits"].dtype == torch.float32
+    assert saved["logits"].max().item() == 1.0  # the bfloat16 export's weight, not the trained one
+    assert (saved["device"], saved["neuron_cc_flags"]) == ("cpu", "--auto-cast=none")
+    assert model.weight.item() == 1 + 2**-10  # the trained value is back
