@@ -99,11 +99,13 @@ def _config_dims(run: RunConf, trial, hf_dir: str) -> list[Problem]:
 
     cfg = hf_config.load(hf_dir)
     where = f"{hf_dir}/config.json"
+    uniform = "a Qwen3 checkpoint whose every layer is the same (dense, or routed experts only)"
     problems = [
-        Problem(f"{where}: {field}", value, f"{why}: this project's Qwen3 models cannot represent it",
-                "a Qwen3 checkpoint whose every layer is the same (dense, or routed experts only)")
+        Problem(
+            f"{where}: {field}", value, f"{why}: this project's Qwen3 models cannot represent it", uniform
+        )
         for field, value, why in hf_config.unsupported(cfg)
-    ]  # fmt: skip
+    ]
     diffs = hf_config.differences(
         hf_config.flavor_fields(trial.model_spec.model), hf_config.published_fields(cfg)
     )
@@ -149,7 +151,10 @@ def _hf_keys(run: RunConf, trial, hf_dir: str, notes: list[str]) -> list[Problem
     if run.checkpoint.allow_partial_load:
         notes.append(f"WARNING partial HF load allowed (checkpoint.allow_partial_load=true): {detail}")
         return []
-    fix = "weights of this model (model.flavor / model.hf_model), or checkpoint.allow_partial_load=true for a deliberate partial load"
+    fix = (
+        "weights of this model (model.flavor / model.hf_model), "
+        "or checkpoint.allow_partial_load=true for a deliberate partial load"
+    )
     return [
         Problem("checkpoint.initial_load_path", hf_dir, f"the HF weights do not fit the model: {detail}", fix)
     ]
@@ -218,7 +223,10 @@ def _resume_model(folder: str, step_dir: str, saved: dict, trial) -> list[Proble
     layouts = _expert_layouts(saved, ours)
     if layouts:
         return [_expert_layout_problem(folder, step_dir, *layouts)]
-    message = f"{step_dir} holds a different model: {len(wrong)} of {len(ours)} tensors missing or shaped differently ({', '.join(wrong[:SHOWN])})"
+    message = (
+        f"{step_dir} holds a different model: {len(wrong)} of {len(ours)} tensors missing or shaped "
+        f"differently ({', '.join(wrong[:SHOWN])})"
+    )
     fix = "resume with the model that wrote it, or use a new run directory"
     return [Problem("checkpoint.folder", folder, message, fix)]
 
