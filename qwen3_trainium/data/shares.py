@@ -1,9 +1,9 @@
 """What each data-parallel rank is handed of a split, counted with the functions the ranks call:
 pre-flight's figures and refusals come from here, never from a proxy (rows for records).
 
-- Chat (``data/chat/stream.py``): rank ``r`` of ``w`` reads records ``r, r + w, ...`` of each
-  epoch's permutation (``stream.order``) and packs them itself; its rows are counted by running
-  that rank's own ``RowStream``.
+- Chat (``data/chat/stream.py``, ``shares``): rank ``r`` of ``w`` reads records ``r, r + w, ...``
+  of each epoch's permutation (``stream.order``) and packs them itself; its rows are counted by
+  running that rank's own ``RowStream``.
 - Text (torchtitan's ``HuggingFaceTextDataset``): the rank's records are
   ``split_dataset_by_node(ds, rank, world)`` (``datasets.distributed``: a map-style dataset in
   contiguous blocks, ``len // world`` or one more; an iterable one by files, or every world-th
@@ -64,34 +64,6 @@ def ranks(indices: list[int]) -> str:
             parts.append(f"{start}" if start == r else f"{start}-{r}")
             start = None
     return ("rank " if len(indices) == 1 else "ranks ") + ", ".join(parts)
-
-
-def chat(
-    n: int, docs: Callable, *, seq_len: int, packing: bool, world: int, seed: int, limit: int | None = None
-) -> Shares:
-    """Each rank's epoch-0 share of ``n`` chat records, rows packed by its own ``RowStream``
-    (``docs(i)``: record i's samples; memoise it, every rank asks for its own records only)."""
-    from qwen3_trainium.data.chat.stream import RowStream
-
-    records, rows = [], []
-    for rank in range(world):
-        stream = RowStream(
-            n,
-            docs,
-            seq_len=seq_len,
-            pad_id=0,
-            packing=packing,
-            rank=rank,
-            world=world,
-            infinite=False,
-            seed=seed,
-        )
-        count = 0
-        while (limit is None or count < limit) and stream.next_row() is not None:
-            count += 1
-        records.append(len(stream._order))
-        rows.append(count)
-    return Shares(records, rows, limit)
 
 
 def text_split(ds, rank: int, world: int):

@@ -14,7 +14,7 @@ from conftest import resolve
 from qwen3_trainium.data import shares as data_shares
 from qwen3_trainium.data.chat import source
 from qwen3_trainium.data.chat.masks import IGNORE_INDEX, Doc
-from qwen3_trainium.data.chat.stream import RowStream
+from qwen3_trainium.data.chat.stream import RowStream, shares
 from qwen3_trainium.parent.preflight.shares import unfed_ranks
 
 WORLDS = (1, 2, 8, 64, 128)
@@ -45,7 +45,7 @@ def _first_epoch(n: int, rank: int, world: int) -> list[set[int]]:
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("n", SIZES)
 def test_chat_training_every_rank_reads_its_records_or_preflight_refuses(n, world):
-    found = data_shares.chat(n, _docs, seq_len=16, packing=True, world=world, seed=42)
+    found = shares(n, _docs, seq_len=16, packing=True, world=world, seed=42)
     assert found.records == _handed(n, world)
     problems = unfed_ranks(found, "data.dataset_path", "/data", "training records")
     if n < world:

@@ -14,10 +14,9 @@ import json
 import os
 
 from qwen3_trainium.data import identity as ident
-from qwen3_trainium.data import shares
 from qwen3_trainium.data.chat import records as rec
 from qwen3_trainium.data.chat.masks import Counts, Masker, encode
-from qwen3_trainium.data.chat.stream import SEED, Row, RowStream, Summary
+from qwen3_trainium.data.chat.stream import SEED, Row, RowStream, Summary, shares
 from qwen3_trainium.data.chat.template import ChatTokenizer
 
 PREVIEW_MD = "data_preview.md"
@@ -139,7 +138,7 @@ def summarise(
     run, split: str = "train", cap: int = SCAN_CAP, world: int = 1, limit: int | None = None
 ) -> Summary:
     """One pass over (at most ``cap`` of) a split's records, packed as rank 0 of one would, and
-    what each of ``world`` data-parallel ranks is handed (``shares.chat``: every record's count,
+    what each of ``world`` data-parallel ranks is handed (``stream.shares``: every record's count,
     rows up to ``limit`` a rank; without a limit the whole share, which needs every record
     scanned: else one row a rank, enough to prove none is left without)."""
     convs = conversations(run, split)
@@ -159,7 +158,7 @@ def summarise(
         real += row.real
     if limit is None and scanned < len(convs):
         limit = 1
-    per_rank = shares.chat(
+    per_rank = shares(
         len(convs), docs, seq_len=seq_len, packing=packing, world=world, seed=order_seed, limit=limit
     )
     return Summary(counted, rows, real, seq_len, scanned, len(convs), per_rank)

@@ -185,6 +185,32 @@ class RowStream:
         self.pending = [tuple(p) for p in state["pending"]]
 
 
+def shares(
+    n: int, docs: Callable, *, seq_len: int, packing: bool, world: int, seed: int, limit: int | None = None
+) -> Shares:
+    """Each rank's epoch-0 share of ``n`` chat records, rows packed by its own ``RowStream``
+    (``docs(i)``: record i's samples; memoise it, every rank asks for its own records only)."""
+    records, rows = [], []
+    for rank in range(world):
+        stream = RowStream(
+            n,
+            docs,
+            seq_len=seq_len,
+            pad_id=0,
+            packing=packing,
+            rank=rank,
+            world=world,
+            infinite=False,
+            seed=seed,
+        )
+        count = 0
+        while (limit is None or count < limit) and stream.next_row() is not None:
+            count += 1
+        records.append(len(stream._order))
+        rows.append(count)
+    return Shares(records, rows, limit)
+
+
 @dataclass
 class Summary:
     counts: Counts
