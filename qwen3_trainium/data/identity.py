@@ -97,10 +97,24 @@ def changes(saved: dict | None, ours: dict) -> list[Change]:
     return [Change(f, saved[f], ours[f]) for f in KEYS if f in saved and f in ours and saved[f] != ours[f]]
 
 
+def _hydra(value) -> str:
+    """A value as a command-line override writes it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_hydra(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
 def fix(change: Change, step_dir: str = "<its step folder>") -> str:
     restart = f"a new run directory with checkpoint.initial_load_path={step_dir} (its weights, the new data)"
     if change.field in SETTABLE:
-        return f"{change.key}={change.saved} to resume it, or {restart}"
+        return f"{change.key}={_hydra(change.saved)} to resume it, or {restart}"
+    if change.field == "held_out":
+        written = f"training skipped: {change.saved}"
+        return (
+            f"eval.enable / data.validation_fraction as it was written ({written}) to resume it, or {restart}"
+        )
     return f"the {change.key} it was written with, to resume it, or {restart}"
 
 
