@@ -116,7 +116,7 @@ CHECKS: tuple[Check, ...] = (
     Check("versions", full=_versions),
     Check("nki runtime", full=lambda p: stack.check_nki_runtime(p.run, launching=p.launching, notes=p.notes)),
     Check("notes", full=_notes),
-    Check("torchtitan", full=shape.check_built, when=_clean),
+    Check("torchtitan", full=lambda p: shape.check_built(p.run, p.run_dir, p.notes, p.facts), when=_clean),
 )
 
 

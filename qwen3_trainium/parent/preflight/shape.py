@@ -5,8 +5,6 @@ check, which runs on every launch, a remembered pass included (``verdicts.Prefli
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from qwen3_trainium.config.schema import MemoryMode, RunConf
 from qwen3_trainium.parent.preflight.checkpoint import check_checkpoint_contents
 from qwen3_trainium.parent.preflight.peft import check_targets, is_lora, trainable_note
@@ -14,17 +12,14 @@ from qwen3_trainium.parent.preflight.problem import Problem
 from qwen3_trainium.parent.preflight.run import check_titan
 from qwen3_trainium.parent.preflight.system import check_degrees, check_memory, check_trace
 
-if TYPE_CHECKING:
-    from qwen3_trainium.parent.preflight.registry import Pass
 
-
-def check_built(p: Pass) -> list[Problem]:
+def check_built(run: RunConf, run_dir: str, notes: list[str], facts: dict) -> list[Problem]:
     """torchtitan's own validation, then the model it would build and the checkpoints it loads."""
-    problems, trial = check_titan(p.run, p.run_dir)
+    problems, trial = check_titan(run, run_dir)
     if trial is None:
         return problems
-    problems += check_shape(p.run, trial, p.notes, p.run_dir, p.facts)
-    return problems + check_checkpoint_contents(p.run, p.run_dir, trial, p.notes)
+    problems += check_shape(run, trial, notes, run_dir, facts)
+    return problems + check_checkpoint_contents(run, run_dir, trial, notes)
 
 
 def check_shape(run: RunConf, trial, notes: list[str], run_dir: str, facts: dict) -> list[Problem]:
