@@ -135,11 +135,15 @@ def test_a_bad_byte_or_line_in_a_directory_names_its_file(tmp_path):
     assert err.value.where == files[2] and "cannot be read" in err.value.message
 
 
-def test_the_dry_run_refuses_a_file_not_in_utf8_with_no_traceback(tmp_path, dry_run):
+def test_the_dry_run_refuses_a_file_not_in_utf8_with_the_iconv_line_as_its_fix_and_no_traceback(
+    tmp_path, dry_run
+):
     path = tmp_path / "chats.jsonl"
     _latin1_file(path)
     (status, code), out, err = dry_run(
         ROOT, tmp_path / "run", "data=chat", "smoke=on", f"data.dataset_path={path}"
     )
     assert (status, code) == ("failed", 2), err
-    assert f"{path}:4" in err and "iconv -f latin1 -t utf-8" in err and "Traceback" not in err + out
+    assert f"{path}:4" in err and "Traceback" not in err + out
+    fix = next(line for line in err.splitlines() if line.strip().startswith("fix:"))
+    assert "iconv -f latin1 -t utf-8" in fix and "messages, conversations" not in fix  # not the format's fix

@@ -132,7 +132,7 @@ def check_chat(run: RunConf, notes: list[str]) -> list[Problem]:
             summary = source.summarise(run, split, world=dp_ranks(run), limit=limit)
         except records.RecordError as e:
             key = "data.validation_path" if held_out and run.data.validation_path else "data.dataset_path"
-            return [Problem(key, e.where, e.message, FORMAT_FIX)]
+            return [Problem(key, e.where, e.what, e.fix or FORMAT_FIX)]
         label = "chat data, held out" if held_out else "chat data"
         notes.extend(f"{label}: {line}" for line in summary.lines())
         if not held_out:
