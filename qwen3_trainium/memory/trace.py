@@ -164,11 +164,11 @@ def trace(run, run_dir: str, ceilings=None) -> Trace:
     ``initial_load_in_hf`` peak, and (with ``ceilings``, a ``devices.Roofline``) the step time."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from qwen3_trainium.config import devices, runconfig
+    from qwen3_trainium.config import cpu_device, runconfig
     from qwen3_trainium.rank import titan
 
     start = time.perf_counter()
-    devices.install_rank_device("cpu")  # the mesh and every tensor on the CPU, all of them fake
+    cpu_device.install_rank_device("cpu")  # the mesh and every tensor on the CPU, all of them fake
     world = runconfig.degrees(run).world
     _fake_world(world)
     config = titan.to_trainer_config(run, run_dir)

@@ -12,7 +12,7 @@ import dataclasses
 import os
 from enum import Enum
 
-from qwen3_trainium.config import devices, flavors, runconfig
+from qwen3_trainium.config import cpu_device, devices, flavors, runconfig
 from qwen3_trainium.config.schema import ACMode, AttnBackend, ModelPath, RunConf
 from qwen3_trainium.shared.contract import METRICS_NAME, PROBE_NAME, RUN_DIR_ENV
 
@@ -198,7 +198,7 @@ def _model_parts(run: RunConf) -> tuple[type, dict]:
 
         lora.apply(spec, rank=run.peft.rank, alpha=run.peft.alpha, targets=list(run.peft.target_modules))
     if run.device.type.value == "cpu":
-        spec.parallelize_fn = devices.gloo_safe_parallelize(spec.parallelize_fn)
+        spec.parallelize_fn = cpu_device.gloo_safe_parallelize(spec.parallelize_fn)
     return config_cls, parts
 
 

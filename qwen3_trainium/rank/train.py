@@ -23,7 +23,7 @@ import logging
 import os
 import sys
 
-from qwen3_trainium.config import devices, runconfig
+from qwen3_trainium.config import cpu_device, runconfig
 from qwen3_trainium.rank import stop
 from qwen3_trainium.shared import lifeline
 from qwen3_trainium.shared.contract import RUN_DIR_ENV
@@ -33,7 +33,7 @@ def main() -> None:
     lifeline.die_with_parent()  # SIGKILL when torchrun ends, however it ends: no orphaned ranks
     stop.install_rank_handler()  # before torch is imported: SIGTERM no longer ends the rank
     run = runconfig.load(runconfig.rank_config_path(os.environ[RUN_DIR_ENV]))
-    devices.install_rank_device(run.device.type.value)
+    cpu_device.install_rank_device(run.device.type.value)
 
     from torchtitan.train import main as titan_main
 

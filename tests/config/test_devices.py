@@ -10,13 +10,13 @@ import types
 import pytest
 import torch
 
-from qwen3_trainium.config import devices
+from qwen3_trainium.config import cpu_device, devices
 
 GiB, MiB = 2**30, 2**20
 
 
 def test_cpu_device_module_reports_peak_rss_and_resets_it():
-    mod = devices.CpuDeviceModule()
+    mod = cpu_device.CpuDeviceModule()
     before = mod.memory_stats()["active_bytes.all.peak"]
     blob = torch.ones(64 * 1024 * 1024, dtype=torch.uint8)  # 64 MiB touched
     blob.add_(1)

@@ -21,12 +21,12 @@ def main(run_dir: str, resolved: str) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from qwen3_trainium.config import devices, runconfig
+    from qwen3_trainium.config import cpu_device, runconfig
     from qwen3_trainium.memory import trace, tracing
     from qwen3_trainium.rank import titan
 
     run = runconfig.load(resolved)
-    devices.install_rank_device("cpu")
+    cpu_device.install_rank_device("cpu")
     world = runconfig.degrees(run).world
     trace._fake_world(world)
     config = titan.to_trainer_config(run, run_dir)
