@@ -154,7 +154,8 @@ class JsonlMetricsProcessor(MetricsProcessor):
         if not config.report_mfu:
             self.has_quantization = True  # torchtitan's own switch for "MFU: N/A"
         if config.peak_flops_per_rank > 0:
-            # torchtitan's table has one trn2 figure (2 x 79 TFLOPS) whatever the LNC; ours follows it.
+            # torchtitan's table has one trn2 figure (2 x 79 TFLOPS) whatever the LNC; ours is 79 per
+            # physical core times the LNC in use (config/devices.py), equal to torchtitan's at LNC=2.
             self.gpu_peak_flops = config.peak_flops_per_rank
         self._warned_memory = False
 

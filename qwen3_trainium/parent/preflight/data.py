@@ -242,6 +242,3 @@ def check_tokenizer_fits(run: RunConf) -> list[Problem]:
             "use the model's own tokenizer, or a larger flavor",
         )
     ]
-
-
-# ---- eval=on: the held-out records (qwen3_trainium/data/heldout.py) ------------------------------

@@ -191,4 +191,5 @@ def step_line(trace) -> str:
     return (
         f"step time (roofline, communication not modelled): {trace.step_seconds:.3f} s, "
         f"{trace.tokens_per_second:,.0f} tokens/s per rank, MFU {100 * trace.mfu:.1f}%"
+        f" of {trace.peak_bf16_flops / 1e12:,.0f} BF16 TFLOPS per rank"
     )
