@@ -86,6 +86,10 @@ class Seam:
         return self.private or ".experiments" in module or any(p.startswith("_") for p in parts)
 
 
+FSDP2_SEAMS = tuple(
+    Seam(f"{FSDP2}.{where}", FLOAT32_PROBE, private=True, mentions=name) for where, name in FSDP2_STATE
+)
+
 SEAMS: tuple[Seam, ...] = (
     # Entry and config tree: --module/--config, Trainer.Config and the sections we fill.
     Seam("torchtitan.train:main", "each rank hands over to torchtitan's entry point (qwen3_trainium.rank.train)"),
@@ -188,7 +192,7 @@ SEAMS: tuple[Seam, ...] = (
     Seam("torchtitan.trainer:Trainer.post_dataloading_process", "memory=trace: the traced batch's masks", ("trace",)),
     Seam("torchtitan.models.common.token_dispatcher:AllToAllTokenDispatcher._sync_token_count_exchange",
          "memory=trace with expert parallel: balanced routing in place of token counts", ("trace",)),
-    *(Seam(f"{FSDP2}.{target}", FLOAT32_PROBE, private=True, mentions=name) for target, name in FSDP2_STATE),
+    *FSDP2_SEAMS,
 )  # fmt: skip
 
 

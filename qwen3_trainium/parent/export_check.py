@@ -23,43 +23,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 
 from qwen3_trainium.config.schema import RunConf
+from qwen3_trainium.parent.export_facts import TOLERANCE, cast_matmuls, export_dir
 from qwen3_trainium.shared import lifeline
-from qwen3_trainium.shared.contract import PROBE_NAME, latest_step
+from qwen3_trainium.shared.contract import PROBE_NAME
 
-# The largest max abs logit difference an honest export shows against the float32 probe, by device.
-# cpu: float32 on both sides, but Transformers and torchtitan order some sums differently: measured
-#   6e-7 to 1.2e-6 on the three paths' tiny models (hidden size 256), in float32 and bfloat16 runs.
-# cuda, neuron: float32 matmuls too (the probe holds CUDA at "highest", PyTorch's full-float32
-#   setting), summed in the device's order instead of the CPU's. A length-n dot product's rounding
-#   error grows like sqrt(n) unit roundoffs in practice (Higham and Mary, "A New Approach to
-#   Probabilistic Rounding Error Analysis", SIAM J. Sci. Comput. 41(5), 2019), n at worst (Higham,
-#   "Accuracy and Stability of Numerical Algorithms", 2nd ed., ch. 3): from the CPU's 256 to
-#   Qwen3-32B's 5120 that scales the measured CPU figure by about 4.5 (sqrt(20)), to a few 1e-6.
-#   1e-4 leaves room for deeper models and stays 200 times below the smallest broken export above.
-#   Derived, not measured here (no device): tests/rank/test_on_device.py is where to record it.
-TOLERANCE = {"cpu": 1e-5, "cuda": 1e-4, "neuron": 1e-4}
-# neuronx-cc casts float32 matmuls to bfloat16 unless told not to: "By default, the Neuron Compiler
-# will automatically cast FP32 matrix multiplication operations to BF16" (AWS, Mixed Precision and
-# Performance-accuracy Tuning (neuronx-cc), https://awsdocs-neuron.readthedocs-hosted.com/en/latest/
-# general/appnotes/neuronx-cc/neuronx-cc-training-mixed-precision.html); TorchNeuron compiles each
-# eager op with neuronx-cc (AWS, Best practices for TorchNeuron). A probe whose matmuls were cast
-# carries a bfloat16 error, which hides a broken export (above): the check fails and says why.
-NEURON_FP32_MATMULS = re.compile(r"--auto-cast[= ]none\b")
 REPORT_NAME = "export_check.json"
-
-
-def export_dir(run: RunConf, run_dir: str) -> str | None:
-    latest = latest_step(os.path.join(run_dir, run.checkpoint.folder))
-    return (
-        os.path.join(run_dir, run.checkpoint.folder, f"step-{latest[0]}")
-        if latest and latest[1] == "hf"
-        else None
-    )
 
 
 def max_logit_diff(directory: str, probe_path: str) -> float:
@@ -72,17 +44,6 @@ def max_logit_diff(directory: str, probe_path: str) -> float:
     with torch.no_grad():
         logits = model(probe["tokens"]).logits.float()
     return (logits - probe["logits"]).abs().max().item()
-
-
-def cast_matmuls(device: str, neuron_cc_flags: str) -> str | None:
-    """Why the ranks' float32 matmuls were not float32 (neuronx-cc's default), else None."""
-    if device != "neuron" or NEURON_FP32_MATMULS.search(neuron_cc_flags):
-        return None
-    return (
-        f"the ranks' NEURON_CC_FLAGS={neuron_cc_flags!r} leave neuronx-cc's default, which casts float32"
-        " matmuls to bfloat16, so the ranks' side carries a bfloat16 error as large as a broken export's;"
-        " rerun with NEURON_CC_FLAGS='--auto-cast=none' in the environment (or checkpoint.export_check=false)"
-    )
 
 
 def _probe_flags(device: str, probe_path: str) -> str:
@@ -177,13 +138,7 @@ def after_run(run: RunConf, run_dir: str) -> tuple[bool, str]:
 
 
 if __name__ == "__main__":
-    if (
-        sys.argv[1] == "--generate"
-    ):  # python -m qwen3_trainium.parent.export_check --generate DIR SAMPLES_JSON
-        from qwen3_trainium.parent.samples_check import generated_ids
-
-        print(json.dumps(generated_ids(sys.argv[2], sys.argv[3])))
-    elif sys.argv[1] == "--adapter":  # python -m qwen3_trainium.parent.export_check --adapter DIR PROBE
+    if sys.argv[1] == "--adapter":  # python -m qwen3_trainium.parent.export_check --adapter DIR PROBE
         print(max_adapter_logit_diff(sys.argv[2], sys.argv[3]))
     else:  # python -m qwen3_trainium.parent.export_check DIR PROBE
         print(max_logit_diff(sys.argv[1], sys.argv[2]))

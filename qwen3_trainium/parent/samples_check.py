@@ -5,7 +5,7 @@ on the HF export must write the ids the ranks wrote, in every training dtype; el
 The ranks decode in float32 on the weights as the export holds them (``rank/float32_forward.py``,
 rounded to ``checkpoint.export_dtype``), and the export is loaded in float32, so both sides run
 the same float32 arithmetic. On CPU the ids must be equal. On another device float32 sums come in
-another order than the CPU's (``export_check.TOLERANCE``): each logit may differ by that tolerance,
+another order than the CPU's (``export_facts.TOLERANCE``): each logit may differ by that tolerance,
 so greedy may pick another id only where the ranks' two best logits were within twice it of each
 other. A difference there is accepted and recorded with its margin; anywhere else it fails. Only
 the first difference of a sample is judged: after it the two decode different prefixes.
@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 from qwen3_trainium.config.schema import RunConf
-from qwen3_trainium.parent.export_check import TOLERANCE, cast_matmuls, export_dir
+from qwen3_trainium.parent.export_facts import TOLERANCE, cast_matmuls, export_dir
 from qwen3_trainium.rank import samples
 from qwen3_trainium.shared import lifeline
 
@@ -75,7 +75,7 @@ def after_run(run: RunConf, run_dir: str) -> tuple[bool, str]:
     if directory is None:
         return True, f"samples{note}: {md}"
     proc = subprocess.run(
-        [sys.executable, "-m", "qwen3_trainium.parent.export_check", "--generate", directory, path],
+        [sys.executable, "-m", "qwen3_trainium.parent.samples_check", directory, path],
         capture_output=True,
         text=True,
         preexec_fn=lifeline.preexec(os.getpid()),  # dies with the launcher
@@ -128,10 +128,8 @@ def compare(record: dict, generated: list[list[int]], directory: str, device: st
     what = f"{len(differing)} of {n} differ from AutoModelForCausalLM.generate on the export"
     if len(ties) == len(differing):
         worst = max(m for _, _, m in ties)
-        return (
-            True,
-            f"{head}: {what}, each at a near tie (margin <= {worst:.2e}, allowed {allowed:.0e} on {device}): {md}",
-        )
+        tie = f"margin <= {worst:.2e}, allowed {allowed:.0e} on {device}"
+        return True, f"{head}: {what}, each at a near tie ({tie}): {md}"
     if cast is not None:
         why = cast
     elif allowed == 0.0:
@@ -141,3 +139,7 @@ def compare(record: dict, generated: list[list[int]], directory: str, device: st
     else:
         why = f"the ranks' margin there {margin:.2e} > allowed {allowed:.0e} on {device}"
     return False, f"{head}: {what} ({prompt!r} at token {k}, {why}) FAILED: {md}"
+
+
+if __name__ == "__main__":  # python -m qwen3_trainium.parent.samples_check EXPORT_DIR SAMPLES_JSON
+    print(json.dumps(generated_ids(sys.argv[1], sys.argv[2])))

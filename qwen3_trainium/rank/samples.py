@@ -8,7 +8,7 @@ Three sides, one file (``samples.json`` in the run directory) between them:
   (``float32_forward.py``) and, when the run makes an HF export, on the weights rounded to its
   dtype (what the export holds); each token's margin (its logit minus the runner-up's) is kept;
   rank 0 writes ``samples.json`` and ``samples.md``.
-- a fresh process (``python -m qwen3_trainium.parent.export_check --generate EXPORT_DIR SAMPLES_JSON``,
+- a fresh process (``python -m qwen3_trainium.parent.samples_check EXPORT_DIR SAMPLES_JSON``,
   fresh for the reason ``export_check.py`` gives): ``AutoModelForCausalLM.generate`` on the HF
   export in float32, greedy, with the ranks' prompt ids, EOS ids and token counts; it prints the
   new ids.

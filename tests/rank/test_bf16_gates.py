@@ -16,7 +16,7 @@ import json
 import pytest
 from conftest import read_metrics, resolve, run_launch
 
-from qwen3_trainium.parent import export_check
+from qwen3_trainium.parent import export_check, export_facts
 from tests.support.broken_export import rewrite
 
 BF16 = [
@@ -117,9 +117,9 @@ def test_the_same_bfloat16_export_broken_after_the_run_fails_its_check(path, smo
 def test_on_neuron_the_check_needs_the_compiler_to_keep_float32_matmuls():
     """neuronx-cc casts float32 matmuls to bfloat16 unless --auto-cast none (AWS's mixed precision
     guide): a probe computed so carries a bfloat16 error, and the check says so and fails."""
-    assert export_check.cast_matmuls("cpu", "") is None and export_check.cast_matmuls("cuda", "") is None
+    assert export_facts.cast_matmuls("cpu", "") is None and export_facts.cast_matmuls("cuda", "") is None
     for flags in ("--auto-cast=none", "--model-type transformer --auto-cast none --verbose=info"):
-        assert export_check.cast_matmuls("neuron", flags) is None, flags
+        assert export_facts.cast_matmuls("neuron", flags) is None, flags
     for flags in ("", "--auto-cast=matmult", "--auto-cast-type=fp8_e4m3"):
-        why = export_check.cast_matmuls("neuron", flags)
+        why = export_facts.cast_matmuls("neuron", flags)
         assert f"NEURON_CC_FLAGS={flags!r}" in why and "NEURON_CC_FLAGS='--auto-cast=none'" in why

@@ -143,9 +143,13 @@ export, record = sys.argv[1], json.load(open(sys.argv[2]))
 tok = AutoTokenizer.from_pretrained(export)
 model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
 out = []
+eos = record["eos_ids"]
 for sample in record["samples"]:
-    ids = tok.apply_chat_template([{"role": "user", "content": sample["prompt"]}], add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-    seq = model.generate(ids, max_new_tokens=sample["max_new_tokens"], do_sample=False, eos_token_id=record["eos_ids"], pad_token_id=record["eos_ids"][0])
+    chat = [{"role": "user", "content": sample["prompt"]}]
+    ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = ids["input_ids"]
+    seq = model.generate(ids, max_new_tokens=sample["max_new_tokens"], do_sample=False, eos_token_id=eos,
+                         pad_token_id=eos[0])
     out.append({"prompt_ids": ids[0].tolist(), "generated_ids": seq[0, ids.shape[1]:].tolist()})
 print(json.dumps(out))
 """

@@ -106,7 +106,8 @@ def result():
 def test_within_the_forward_is_the_plain_float32_models(result):
     assert result["dtypes"] == (torch.bfloat16, torch.float32)
     print(
-        f"float32_forward vs plain float32: {result['probe_vs_plain']:.2e}; bf16 FSDP: {result['bf16_vs_plain']:.2e}"
+        f"float32_forward vs plain float32: {result['probe_vs_plain']:.2e};"
+        f" bf16 FSDP: {result['bf16_vs_plain']:.2e}"
     )
     assert result["probe_vs_plain"] <= 1e-6
     assert result["bf16_vs_plain"] > 1e-3  # without it the same weights compute in bfloat16
