@@ -31,6 +31,32 @@ def first_host(nodelist: str) -> str:
     return prefix + first + suffix
 
 
+DEFAULT_PORT = 29400  # torchrun's c10d backend without a port (c10d_rendezvous_backend.DEFAULT_PORT)
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """``host[:port]`` as torchrun reads ``--rdzv_endpoint`` (torch's
+    ``elastic/rendezvous/utils.py`` ``parse_rendezvous_endpoint``, kept here in the standard
+    library: pre-flight's quick tier imports no torch): an IPv6 host in brackets, a port in
+    0..65535 (else ``DEFAULT_PORT``), a host of word characters, dots, colons and dashes.
+    ValueError says what is wrong."""
+    endpoint = endpoint.strip()
+    if endpoint.startswith("[") and endpoint.endswith("]"):
+        host, port_text = endpoint, None
+    else:
+        host, _, port_text = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", None)
+    if len(host) > 1 and host[0] == "[" and host[-1] == "]":
+        host = host[1:-1]
+    port = DEFAULT_PORT
+    if port_text is not None:
+        if not port_text.isdigit() or int(port_text) >= 2**16:
+            raise ValueError(f"its port {port_text!r} is not a number from 0 to 65535")
+        port = int(port_text)
+    if not re.fullmatch(r"[\w.:-]+", host):
+        raise ValueError(f"its host {host!r} is not a host name, an IPv4 or an IPv6 address")
+    return host, port
+
+
 def node_rank(configured: int, environ: dict[str, str]) -> int:
     return configured if configured != -1 else int(environ.get("SLURM_NODEID", "0") or 0)
 

@@ -10,7 +10,7 @@ import os
 import shutil
 import socket
 
-from qwen3_trainium.config import devices, seams
+from qwen3_trainium.config import devices, nodes, seams
 from qwen3_trainium.config.schema import RunConf
 from qwen3_trainium.parent.preflight import network
 from qwen3_trainium.parent.preflight.stack import installed, versions
@@ -21,12 +21,18 @@ MIN_FREE_DISK = 20 * 2**30
 
 
 def _endpoint_ok(endpoint: str) -> tuple[bool, str]:
-    host, _, port = endpoint.rpartition(":")
-    if port == "0":  # torchrun picks a free port on this host: can we bind one?
+    try:
+        host, port = nodes.parse_endpoint(endpoint)
+    except ValueError as err:
+        return False, f"{endpoint} is no rendezvous endpoint: {err}"
+    if port == 0:  # torchrun picks a free port on this host: can we bind one?
         with socket.socket() as s:
-            s.bind((host or "localhost", 0))
+            try:
+                s.bind((host, 0))
+            except OSError as err:
+                return False, f"{endpoint}: cannot bind a port on {host} ({err.strerror or err})"
             return True, f"{endpoint} (bound port {s.getsockname()[1]})"
-    why = network.connect_error(host, int(port))  # bounded, the name lookup included
+    why = network.connect_error(host, port)  # bounded, the name lookup included
     return (True, f"{endpoint} reachable") if why is None else (False, f"{endpoint} not reachable: {why}")
 
 

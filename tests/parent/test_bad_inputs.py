@@ -89,6 +89,7 @@ def generated_cases() -> list[Case]:
 
 # One value out of range per ranged key (those ranges.py checks), on BASE (10 steps, 1 process).
 OUT_OF_RANGE = {
+    "launcher.rdzv_endpoint": ["localhost:http", "localhost:70000"],  # torchrun reads no such port
     "training.steps": ["0", "-5"],
     "training.seq_len": ["0"],
     "training.local_batch_size": ["0"],

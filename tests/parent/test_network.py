@@ -76,3 +76,30 @@ def test_a_refused_connection_is_named_with_its_host_and_port():
     """Nothing listens on port 9 of this host (discard): the answer is the kernel's refusal."""
     why = network.reachable("http://127.0.0.1:9")
     assert why is not None and why.startswith("127.0.0.1:9: ") and "no answer" not in why
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "words"),
+    [("foo:http", "port 'http' is not a number"), ("foo:70000", "port '70000'"), ("a b:1", "host 'a b'")],
+)
+def test_doctor_names_an_endpoint_torchrun_would_not_read_instead_of_raising(endpoint, words):
+    ok, text = doctor._endpoint_ok(endpoint)
+    assert not ok and text.startswith(f"{endpoint} is no rendezvous endpoint: its ") and words in text
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "parsed"),
+    [
+        ("localhost:0", ("localhost", 0)),
+        ("trn2-01:29500", ("trn2-01", 29500)),
+        ("[::1]:5", ("::1", 5)),
+        ("head", ("head", 29400)),
+        ("[fe80::1]", ("fe80::1", 29400)),
+    ],
+)
+def test_endpoints_parse_as_torchrun_parses_them(endpoint, parsed):
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    from qwen3_trainium.config import nodes
+
+    assert nodes.parse_endpoint(endpoint) == parsed == parse_rendezvous_endpoint(endpoint, default_port=29400)

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qwen3_trainium.config import devices, runconfig
+from qwen3_trainium.config import devices, nodes, runconfig
 from qwen3_trainium.config.schema import RunConf
 from qwen3_trainium.parent.preflight.problem import Problem
 
@@ -34,6 +34,14 @@ def _get(run: RunConf, key: str):
 
 def _finite(v) -> bool:
     return isinstance(v, int | float) and math.isfinite(v)
+
+
+def _endpoint_ok(v) -> bool:
+    try:
+        nodes.parse_endpoint(v)
+    except ValueError:
+        return False
+    return True
 
 
 def _pos(v, _run) -> bool:
@@ -177,6 +185,12 @@ RANGES: tuple[Range, ...] = (
         _at_least_1,
         ">= 1 seconds (the trace of 8B at 64 ranks takes about 35)",
         "memory.timeout=600",
+    ),
+    Range(
+        "launcher.rdzv_endpoint",
+        lambda v, _r: v == "auto" or not v.strip() or _endpoint_ok(v),  # empty: NOT_EMPTY says so
+        "auto or host[:port] as torchrun reads it (a port from 0 to 65535; 0: torchrun picks one)",
+        "launcher.rdzv_endpoint=auto (one node: localhost:0)",
     ),
     Range(
         "data.validation_fraction",
