@@ -16,6 +16,7 @@ extension point) adds:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import random
@@ -148,10 +149,17 @@ class Qwen3CheckpointManager(CheckpointManager):
             reshard(export_dir, parse_size(self._export.hf_max_shard_size))
         self._save_probe()
 
+    forward_context = contextlib.nullcontext
+    """The trainer's ``train_context`` (``trainer.SampleAfterTraining`` sets it): the probe's forward
+    runs where the training forward does, as torchtitan's Validator's does (``validation_context``)."""
+
     def _save_probe(self) -> None:
         if self._export.probe_path:
             model = self.states["model"].model[0]
-            save_probe(model, self._export.tokenizer_dir, self._export.probe_path, self._export.export_dtype)
+            with self.forward_context():
+                save_probe(
+                    model, self._export.tokenizer_dir, self._export.probe_path, self._export.export_dtype
+                )
 
     def _save_adapter(self, curr_step: int) -> None:
         """The adapters as a Hugging Face PEFT directory beside the export (``models/lora.py``)."""

@@ -48,7 +48,33 @@ def model_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     finally:
         model.train(was_training)
         model._skip_lm_head = skip_lm_head
-    return (out.full_tensor() if hasattr(out, "full_tensor") else out)[:, :length].float().cpu()
+    return _whole_vocab(model, out)[:, :length].float().cpu()
+
+
+def _whole_vocab(model: torch.nn.Module, out: torch.Tensor) -> torch.Tensor:
+    """Logits over the whole vocabulary on every rank. Under tensor parallel torchtitan's lm_head is
+    vocab-parallel: its weight is ``Shard(0)`` on the ``tp`` mesh dim and each rank's output holds
+    its slice of the vocabulary, a plain local tensor with the default ``spmd_types`` backend
+    (``models/common/decoder_sharding.py``: ``lm_head`` ``out_dst_shardings`` ``tp=S(-1)``)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if isinstance(out, DTensor):
+        return out.full_tensor()
+    weight = getattr(getattr(model, "lm_head", None), "weight", None)
+    mesh = getattr(weight, "device_mesh", None)
+    names = (mesh.mesh_dim_names or ()) if mesh is not None else ()
+    if "tp" not in names or not weight.placements[names.index("tp")].is_shard(0):
+        return out
+    whole = (*out.shape[:-1], weight.shape[0])  # the global vocabulary (uneven slices included)
+    sliced = DTensor.from_local(
+        out,
+        mesh["tp"],
+        [Shard(out.dim() - 1)],
+        run_check=False,
+        shape=whole,
+        stride=torch.empty(whole, device="meta").stride(),
+    )
+    return sliced.full_tensor()
 
 
 class rounded_weights:

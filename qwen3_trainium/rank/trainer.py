@@ -99,7 +99,20 @@ class StopAtSignal:
 
 class SampleAfterTraining:
     """Mixin for a torchtitan ``Trainer`` (after ``StopAtSignal``): greedy samples after the last
-    step, when ``config.samples`` has prompts."""
+    step, when ``config.samples`` has prompts.
+
+    The samples' forwards and the export probe's (``Qwen3CheckpointManager``) run inside the
+    trainer's ``train_context``, as every training and validation forward does
+    (``torchtitan/trainer.py``: ``self.train_context = get_spmd_context(...)``, handed to the
+    Validator as its ``validation_context``). With the default ``spmd_backend=spmd_types`` it sets
+    the current SPMD mesh, without which a tensor-parallel model's redistributions do not run: the
+    vocab-parallel embedding's partial sums are never reduced (``models/common/embedding.py``), and
+    its logits were 3.9 off an export holding exactly its weights (tensor parallel 2, seen)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if hasattr(self.checkpointer, "forward_context"):
+            self.checkpointer.forward_context = self.train_context
 
     def train(self):
         super().train()
@@ -113,15 +126,16 @@ class SampleAfterTraining:
         group = self._stop_group if self._first_step is not None else agreement_group()
         checkpoint = self.config.checkpoint
         exported = checkpoint.enable and checkpoint.last_save_in_hf
-        record = samples.sample_on_ranks(
-            self.model_parts[0],
-            config,
-            group,
-            max_len=self.config.training.seq_len,
-            round_to=checkpoint.export_dtype if exported else "",  # as the HF export holds them
-            step=self.step,
-            mixed_precision_param=self.config.training.mixed_precision_param,
-        )
+        with self.train_context():
+            record = samples.sample_on_ranks(
+                self.model_parts[0],
+                config,
+                group,
+                max_len=self.config.training.seq_len,
+                round_to=checkpoint.export_dtype if exported else "",  # as the HF export holds them
+                step=self.step,
+                mixed_precision_param=self.config.training.mixed_precision_param,
+            )
         for sample in samples.cut_short(record):
             logger.warning(
                 f"samples: {sample['prompt']!r} cut at {sample['max_new_tokens']} tokens: prompt and tokens,"

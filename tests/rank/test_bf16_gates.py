@@ -114,6 +114,22 @@ def test_the_same_bfloat16_export_broken_after_the_run_fails_its_check(path, smo
     assert export_check.verify(run, str(run_dir))[0]
 
 
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_under_tensor_parallel_the_probe_and_the_samples_are_the_whole_models(tmp_path):
+    """Tensor parallel 2 (AWS's Qwen3-30B-A3B layout is TP 4 x FSDP 16), bfloat16. torchtitan's
+    lm_head is vocab-parallel (each rank's logits are its slice of the vocabulary) and its
+    embedding is reduced only inside the trainer's SPMD context: before, the check compared a
+    slice with the whole (512 vs 256 columns), and outside that context the logits were 3.9 off."""
+    tp2 = ["parallel.tensor_parallel_degree=2", "parallel.data_parallel_shard_degree=1"]
+    proc = run_launch("model=native", *BF16, *tp2, "eval=on", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = _export_line(proc.stdout)
+    print(f"native, bfloat16, tensor parallel 2: {line.split('] ')[1]}")
+    assert "(float32 both sides, cpu) <= 1e-05: OK" in line
+    assert "identical to AutoModelForCausalLM.generate on the export" in proc.stdout
+
+
 def test_on_neuron_the_check_needs_the_compiler_to_keep_float32_matmuls():
     """neuronx-cc casts float32 matmuls to bfloat16 unless --auto-cast none (AWS's mixed precision
     guide): a probe computed so carries a bfloat16 error, and the check says so and fails."""
