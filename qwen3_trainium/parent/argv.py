@@ -11,7 +11,7 @@ import sys
 
 from qwen3_trainium.config import devices, nodes, runconfig
 from qwen3_trainium.config.schema import RunConf
-from qwen3_trainium.parent import compose, tracking
+from qwen3_trainium.parent import compose, export_facts, tracking
 from qwen3_trainium.rank import titan
 from qwen3_trainium.shared.contract import CONFIG_FUNCTION, CONFIG_MODULE, RANK_ENTRY, RUN_DIR_ENV
 
@@ -60,6 +60,7 @@ def rank_env(run: RunConf, run_dir: str, environ: dict[str, str]) -> dict[str, s
             compile_cache=run.device.compile_cache,
         )
     )
+    env.update(export_facts.neuron_cc_flags(run, environ))
     env.update(nodes.node_env(run.launcher, run.device.type.value))
     env.update(tracking.wandb_env(run, environ))
     return env

@@ -130,13 +130,6 @@ def verify(run: RunConf, run_dir: str) -> tuple[bool, str]:
     )
 
 
-def after_run(run: RunConf, run_dir: str) -> tuple[bool, str]:
-    """The samples check (``samples_check.py``), which the launcher runs after this one."""
-    from qwen3_trainium.parent import samples_check
-
-    return samples_check.after_run(run, run_dir)
-
-
 if __name__ == "__main__":
     if sys.argv[1] == "--adapter":  # python -m qwen3_trainium.parent.export_check --adapter DIR PROBE
         print(max_adapter_logit_diff(sys.argv[2], sys.argv[3]))

@@ -33,6 +33,29 @@ TOLERANCE = {"cpu": 1e-5, "cuda": 1e-4, "neuron": 1e-4}
 # carries a bfloat16 error, which hides a broken export (``export_check.py``): the check fails
 # and says why.
 NEURON_FP32_MATMULS = re.compile(r"--auto-cast[= ]none\b")
+AUTO_CAST = re.compile(r"--auto-cast[= ](\S+)")
+
+
+def probe_compared(run: RunConf) -> bool:
+    """Whether a check compares the ranks' float32 forwards with the HF export: the export check,
+    or eval=on's samples, after an HF export."""
+    ck, ev = run.checkpoint, run.eval
+    sampled = ev.enable and ev.sample_tokens > 0 and bool(ev.sample_prompts)
+    return ck.enable and ck.last_save_in_hf and (ck.export_check or sampled)
+
+
+def neuron_cc_flags(run: RunConf, environ) -> dict[str, str]:
+    """The ranks' ``NEURON_CC_FLAGS`` on Neuron when a check compares float32 forwards: the user's
+    flags plus ``--auto-cast=none``, so that the probe's float32 matmuls stay float32. Where the user
+    sets no ``--auto-cast``, nothing else changes: with training.mixed_precision_param=bfloat16 the
+    training matmuls are bfloat16 already (FSDP casts the parameters), which auto-cast leaves alone.
+    A user's own ``--auto-cast`` is kept (pre-flight refuses one other than none: ``preflight/heldout.py``)."""
+    if run.device.type.value != "neuron" or not probe_compared(run):
+        return {}
+    flags = environ.get("NEURON_CC_FLAGS", "")
+    if AUTO_CAST.search(flags):
+        return {}
+    return {"NEURON_CC_FLAGS": f"{flags} --auto-cast=none".strip()}
 
 
 def export_dir(run: RunConf, run_dir: str) -> str | None:

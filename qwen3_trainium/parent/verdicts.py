@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from qwen3_trainium.config.schema import RunConf
-from qwen3_trainium.parent import export_check, preflight, report, signals
+from qwen3_trainium.parent import export_check, preflight, report, samples_check, signals
 from qwen3_trainium.parent.preflight import cache
 from qwen3_trainium.shared import stopfiles
 
@@ -76,7 +76,7 @@ def after_run(run: RunConf, run_dir: str, code: int, plotter: report.RunPlotter 
         print(f"[qwen3-trainium] {line}", flush=True)
         code = 0 if passed else 3
     if code == 0 and run.eval.enable:
-        passed, line = export_check.after_run(run, run_dir)
+        passed, line = samples_check.after_run(run, run_dir)
         if line:
             print(f"[qwen3-trainium] {line}", flush=True)
         code = 0 if passed else 3

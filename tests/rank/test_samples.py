@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from qwen3_trainium.config import schema
 from qwen3_trainium.data.assets import TOKENIZER_DIR
-from qwen3_trainium.parent import export_check, samples_check
+from qwen3_trainium.parent import samples_check
 from qwen3_trainium.rank import samples
 
 VOCAB = 508  # the shipped tokenizer's; its EOS <|endoftext|> is id 0
@@ -187,13 +187,13 @@ def test_trainer_skips_samples_after_a_stop_and_for_pipeline_stages(monkeypatch)
 
 def test_launcher_side_without_samples_json_or_without_an_export(tmp_path):
     run = resolve("eval=on")
-    passed, line = export_check.after_run(run, str(tmp_path))
+    passed, line = samples_check.after_run(run, str(tmp_path))
     assert not passed and "rank 0 wrote no" in line and "samples.json" in line
-    assert export_check.after_run(resolve("eval=on", "eval.sample_tokens=0"), str(tmp_path)) == (True, "")
-    assert export_check.after_run(resolve("eval=on", "eval.sample_prompts=[]"), str(tmp_path)) == (True, "")
+    assert samples_check.after_run(resolve("eval=on", "eval.sample_tokens=0"), str(tmp_path)) == (True, "")
+    assert samples_check.after_run(resolve("eval=on", "eval.sample_prompts=[]"), str(tmp_path)) == (True, "")
     record = {"tokens": 24, "max_len": 64, "samples": [{"max_new_tokens": 24}, {"max_new_tokens": 3}]}
     (tmp_path / "samples.json").write_text(json.dumps(record))
-    assert export_check.after_run(run, str(tmp_path)) == (
+    assert samples_check.after_run(run, str(tmp_path)) == (
         True,
         f"samples (1 cut short by training.seq_len=64): {tmp_path / 'samples.md'}",
     )
@@ -289,7 +289,7 @@ def test_a_changed_id_fails_a_bfloat16_run_on_cpu_and_elsewhere_unless_at_a_near
     assert len(changed) > 2
     changed[2] = (changed[2] + 1) % VOCAB or 1  # never EOS
     (copy / "samples.json").write_text(json.dumps(record))
-    passed, line = export_check.after_run(resolve(*RUN), str(copy))  # bfloat16 training, CPU
+    passed, line = samples_check.after_run(resolve(*RUN), str(copy))  # bfloat16 training, CPU
     assert not passed, line
     assert "1 of 2 differ" in line and "'Once upon a time' at token 2" in line and "FAILED" in line
     assert "- `Once upon a time`: differs at token 2" in (copy / "samples.md").read_text()

@@ -104,6 +104,31 @@ def check_probe_length(run: RunConf) -> list[Problem]:
     ]
 
 
+def check_probe_precision(run: RunConf, environ=os.environ) -> list[Problem]:
+    """On Neuron the launcher adds ``--auto-cast=none`` to the ranks' ``NEURON_CC_FLAGS`` when a check
+    compares float32 forwards (``export_facts.neuron_cc_flags``); a user's own ``--auto-cast`` of
+    another kind would make neuronx-cc cast the probe's float32 matmuls to bfloat16, and both checks
+    fail after the last step. Refused now."""
+    from qwen3_trainium.parent.export_facts import AUTO_CAST, cast_matmuls, probe_compared
+
+    flags = environ.get("NEURON_CC_FLAGS", "")
+    if run.device.type.value != "neuron" or not probe_compared(run) or not AUTO_CAST.search(flags):
+        return []
+    if cast_matmuls("neuron", flags) is None:
+        return []
+    check = run.checkpoint.export_check
+    key, value = (
+        ("checkpoint.export_check", True) if check else ("eval.sample_tokens", run.eval.sample_tokens)
+    )
+    message = (
+        f"the HF export is checked against the ranks' float32 logits, and NEURON_CC_FLAGS={flags!r} has"
+        " neuronx-cc cast float32 matmuls to lower precision: the check would fail after the last step"
+    )
+    off = "checkpoint.export_check=false" if check else "eval.sample_tokens=0"
+    fix = f"drop --auto-cast from NEURON_CC_FLAGS (the launcher then adds --auto-cast=none), or {off}"
+    return [Problem(key, value, message, fix)]
+
+
 def _encoder(run: RunConf, dataset: str):
     """A sample's tokens as a rank makes them: the dataset's text processor, then torchtitan's
     tokenizer with BOS and EOS (``HuggingFaceTextDataset.__iter__``)."""

@@ -103,6 +103,7 @@ CHECKS: tuple[Check, ...] = (
     both("validation path", _of_run(heldout.check_validation_path)),
     both("samples", _of_run(heldout.check_samples)),
     both("probe length", _of_run(heldout.check_probe_length)),
+    both("probe precision", _of_run(heldout.check_probe_precision)),
     Check("device present", full=_of_run(runs.check_device_present), when=lambda p: p.launching),
     Check(
         "hub dataset",
