@@ -111,8 +111,9 @@ class SampleAfterTraining:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if hasattr(self.checkpointer, "forward_context"):
-            self.checkpointer.forward_context = self.train_context
+        checkpointer = getattr(self, "checkpointer", None)
+        if hasattr(checkpointer, "forward_context"):
+            checkpointer.forward_context = self.train_context
 
     def train(self):
         super().train()

@@ -3,6 +3,7 @@ loop, the rank side's files, and an HF export whose ``generate`` must write the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -149,8 +150,11 @@ def test_trainer_skips_samples_after_a_stop_and_for_pipeline_stages(monkeypatch)
 
     calls = []
 
+    inside = []
+
     def sample_on_ranks(*args, **kwargs):
         calls.append((args, kwargs))
+        assert inside == [True], "samples decode outside the trainer's train_context"
         return {"tokens": 2, "samples": []}
 
     monkeypatch.setattr(samples, "sample_on_ranks", sample_on_ranks)
@@ -158,6 +162,12 @@ def test_trainer_skips_samples_after_a_stop_and_for_pipeline_stages(monkeypatch)
     class Base:
         def train(self):
             calls.append("train")
+
+        @contextlib.contextmanager
+        def train_context(self):  # torchtitan's: the SPMD mesh every forward runs under
+            inside.append(True)
+            yield
+            inside.pop()
 
     class Trainer(trainer.SampleAfterTraining, trainer.StopAtSignal, Base):
         pass
