@@ -116,6 +116,13 @@ SEAMS: tuple[Seam, ...] = (
     Seam("torchtitan.hf_datasets.text_datasets:HuggingFaceTextDataLoader.Config", "data.*", fields=("dataset", "dataset_path")),
     Seam("torchtitan.hf_datasets.text_datasets:DATASETS", "pre-flight checks data.dataset against the registry"),
     Seam("torchtitan.hf_datasets:DatasetConfig", "eval=on's held-out loaders (heldout.py)", fields=("path", "loader", "sample_processor")),
+    # Data at any world size (data/text.py, data/shares.py): each rank's share read once, counted before launch.
+    Seam("torchtitan.hf_datasets.text_datasets:HuggingFaceTextDataset", "TextRows reads its own share (data/text.py)", mentions="_original_data"),
+    Seam("torchtitan.hf_datasets.text_datasets:HuggingFaceTextDataset", "TextRows' no-progress guard (data/text.py)", mentions="_inputs_buffer"),
+    Seam("torchtitan.hf_datasets.text_datasets:HuggingFaceTextDataset.reloop", "TextRows stops a share that makes no token (data/text.py)"),
+    Seam("torchtitan.hf_datasets.text_datasets:split_dataset_by_node", "pre-flight splits text as the ranks do (data/shares.py)"),
+    Seam("torchtitan.components.validate:Validator", "held-out loaders pad when asked to be infinite (data/loaders.py)", mentions="infinite"),
+    Seam("torchtitan.components.dataloader:ParallelAwareDataloader.state_dict", "pre-flight reads a step's data state (preflight/resume_data.py)", mentions="world_size"),
     # eval=on: torchtitan's Validator, when it runs, and how it logs.
     Seam("torchtitan.trainer:Trainer.Config", "eval=on (titan._eval)", fields=("validator",)),
     Seam("torchtitan.components.validate:Validator.Config", "eval.*", fields=("enable", "freq", "steps", "dataloader")),

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, resolve
 
 from qwen3_trainium.config import seams
 from qwen3_trainium.models.kernels import neuron
@@ -218,3 +218,15 @@ def test_mfu_peak_and_hbm_budget_follow_the_lnc_in_use(lnc, peak, capacity_gib, 
     assert metrics.peak_flops_per_rank == peak  # torchtitan's own table says 158e12 whatever the LNC
     assert metrics.memory_capacity_gib == capacity_gib  # 12 GiB per physical core less 96 MB micro-code
     assert titan._metrics(resolve("device=cpu"), str(tmp_path)).peak_flops_per_rank == 0.0
+
+
+def test_a_missing_private_torch_seam_names_torch_not_torchtitan(monkeypatch):
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    monkeypatch.delattr(FSDPState, "_lazy_init")
+    problems = stack.check_seams(resolve("model=native"))
+    assert [(p.key, p.value) for p in problems] == [("versions.torch", stack.installed("torch"))]
+    assert "torch seam torch.distributed.fsdp._fully_shard._fsdp_state.FSDPState._lazy_init is missing" in (
+        problems[0].message
+    )
+    assert "torch==2.14" in problems[0].fix and "float32 forward" in problems[0].message

@@ -101,20 +101,20 @@ def versions(run: RunConf, *, launching: bool) -> tuple[list[Problem], str]:
     return problems, table
 
 
+TORCH_FIX = "pip install 'torch==2.14.*' (make setup: the version CI proved; on Trainium the Neuron venv's)"
+
+
 def check_seams(run: RunConf) -> list[Problem]:
-    """Every torchtitan seam this run relies on, by name (a fork that lacks one fails here)."""
-    have = installed("torchtitan")
-    return [
-        Problem(
-            "versions.torchtitan",
-            have,
-            f"torchtitan seam {seam.name} is missing ({error}); used by {seam.uses}",
-            TITAN_FIX,
-        )
-        for seam, error in seams.missing(
-            seams.needed(run.model.path.value, run.device.type.value, run.memory.mode.value)
-        )
-    ]
+    """Every torchtitan seam this run relies on, and the private torch state it reaches into, by
+    name (a fork or a torch that lacks one fails here)."""
+    problems = []
+    needed = seams.needed(run.model.path.value, run.device.type.value, run.memory.mode.value)
+    for seam, error in seams.missing(needed):
+        package = "torch" if seam.target.startswith("torch.") else "torchtitan"
+        message = f"{package} seam {seam.name} is missing ({error}); used by {seam.uses}"
+        fix = TORCH_FIX if package == "torch" else TITAN_FIX
+        problems.append(Problem(f"versions.{package}", installed(package), message, fix))
+    return problems
 
 
 def check_nki_runtime(run: RunConf, *, launching: bool, notes: list[str]) -> list[Problem]:
