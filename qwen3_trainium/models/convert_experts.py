@@ -4,7 +4,8 @@
 
 ``model=nki_moe`` stores each layer's experts in the NKI kernels' layout (``gate_up_ED2F``,
 ``down_EFD``: ``overrides/blockwise_experts.py``); torchtitan's grouped experts (``model=native``,
-and ``model=nki_moe`` before that layout) store ``w1_EFD`` / ``w2_EDF`` / ``w3_EFD``. A step
+and ``model=nki_moe`` before that layout) store ``w1_EFD`` / ``w2_EDF`` / ``w3_EFD``; the
+conversion is ``expert_layout.py``'s, the one the HF boundary uses. A step
 written in one layout does not resume in the other: pre-flight refuses it and names this command.
 It rewrites the model's expert tensors and their AdamW states (``exp_avg``, ``exp_avg_sq``,
 ``step``, the parameter-group fields); everything else (the data position, RNG, LR schedule,
@@ -20,83 +21,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import sys
 import warnings
 
-FUSED, TITAN = "fused", "torchtitan"
-_TITAN_KEY = re.compile(r"^(?P<head>.*\.inner_experts)\.(?P<param>w1_EFD|w2_EDF|w3_EFD)(?P<tail>\..*)?$")
-_FUSED_KEY = re.compile(r"^(?P<head>.*\.inner_experts)\.(?P<param>gate_up_ED2F|down_EFD)(?P<tail>\..*)?$")
-
-
-def layout_of(keys) -> str | None:
-    """``fused``, ``torchtitan`` or None (no routed experts) from a checkpoint's flat keys."""
-    for key in keys:
-        if _FUSED_KEY.match(key):
-            return FUSED
-        if _TITAN_KEY.match(key):
-            return TITAN
-    return None
-
-
-def _is_expert_tensor(value) -> bool:
-    return hasattr(value, "dim") and value.dim() >= 3  # a weight or its AdamW moment, not a step
-
-
-def to_fused(flat: dict) -> dict:
-    """Flat checkpoint keys in torchtitan's layout -> the fused one (values converted)."""
-    import torch
-
-    out = {}
-    for key, value in flat.items():
-        m = _TITAN_KEY.match(key)
-        if not m:
-            out[key] = value
-            continue
-        head, param, tail = m["head"], m["param"], m["tail"] or ""
-        if param == "w1_EFD":
-            if _is_expert_tensor(value):
-                up = flat[f"{head}.w3_EFD{tail}"]
-                value = torch.stack([value.transpose(1, 2), up.transpose(1, 2)], dim=2).contiguous()
-            out[f"{head}.gate_up_ED2F{tail}"] = value
-        elif param == "w2_EDF":
-            out[f"{head}.down_EFD{tail}"] = (
-                value.transpose(1, 2).contiguous() if _is_expert_tensor(value) else value
-            )
-    return out
-
-
-def to_titan(flat: dict) -> dict:
-    """Flat checkpoint keys in the fused layout -> torchtitan's (values converted)."""
-    out = {}
-    for key, value in flat.items():
-        m = _FUSED_KEY.match(key)
-        if not m:
-            out[key] = value
-            continue
-        head, param, tail = m["head"], m["param"], m["tail"] or ""
-        expert = _is_expert_tensor(value)
-        if param == "gate_up_ED2F":
-            for index, name in enumerate(("w1_EFD", "w3_EFD")):
-                part = value[:, :, index, :].transpose(1, 2).contiguous() if expert else value
-                out[f"{head}.{name}{tail}"] = part
-        else:
-            out[f"{head}.w2_EDF{tail}"] = value.transpose(1, 2).contiguous() if expert else value
-    return out
-
-
-_SOURCE = {"gate_up_ED2F": "w1_EFD", "down_EFD": "w2_EDF", "w1_EFD": "gate_up_ED2F", "w3_EFD": "gate_up_ED2F",
-           "w2_EDF": "down_EFD"}  # fmt: skip
+from qwen3_trainium.models.expert_layout import FUSED, SOURCE, TITAN, layout_of, match, to_fused, to_titan
 
 
 def _path(key: str, mapping: dict) -> tuple:
     """The nested-dict path of a converted key: its source key's, the parameter renamed."""
-    m = _TITAN_KEY.match(key) or _FUSED_KEY.match(key)
+    m = match(key)
     if m is None:
         return mapping[key]
-    old, new = _SOURCE[m["param"]], m["param"]
-    source = f"{m['head']}.{old}{m['tail'] or ''}"
+    old, new = SOURCE[m["param"]], m["param"]
+    source = f"{m['head']}{old}{m['tail'] or ''}"
     return tuple(p.replace(old, new) if isinstance(p, str) else p for p in mapping[source])
 
 

@@ -13,6 +13,7 @@ import torch
 from conftest import ROOT, read_metrics, resolve, run_launch
 
 from qwen3_trainium.data import assets
+from qwen3_trainium.models import expert_layout
 from qwen3_trainium.models.overrides import blockwise_experts as fused
 from qwen3_trainium.parent import compose
 
@@ -34,7 +35,7 @@ def _model(tmp_path, *overrides):
 def test_the_experts_are_two_parameters_in_the_kernels_layout(tmp_path):
     model, _ = _model(tmp_path)
     experts = model.layers["0"].moe.routed_experts.inner_experts
-    assert {n for n, _ in experts.named_parameters()} == {fused.GATE_UP, fused.DOWN}
+    assert {n for n, _ in experts.named_parameters()} == {expert_layout.GATE_UP, expert_layout.DOWN}
     assert tuple(experts.gate_up_ED2F.shape) == (8, 256, 2, 256)  # tiny_moe: E, D, 2, F
     assert tuple(experts.down_EFD.shape) == (8, 256, 256)
 
@@ -82,7 +83,7 @@ def test_to_hf_then_from_hf_gives_back_the_fused_weights_exactly(tmp_path):
     adapter = cfg.model_spec.state_dict_adapter(cfg.model_spec.model, cfg.hf_assets_path)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     back = adapter.from_hf(adapter.to_hf(state))
-    experts = [k for k in state if k.endswith((fused.GATE_UP, fused.DOWN))]
+    experts = [k for k in state if k.endswith((expert_layout.GATE_UP, expert_layout.DOWN))]
     assert len(experts) == 2 * 4 and all(torch.equal(back[k], state[k]) for k in experts)
 
 
@@ -90,10 +91,39 @@ def test_torchtitan_layout_round_trips_through_the_fused_one():
     gen = torch.Generator().manual_seed(0)
     titan = {f"l.{n}": torch.randn(3, 5, 7, generator=gen) for n in ("w1_EFD", "w3_EFD")}
     titan["l.w2_EDF"] = torch.randn(3, 7, 5, generator=gen)
-    ours = fused.to_fused_experts(titan)
-    assert torch.equal(ours[f"l.{fused.GATE_UP}"][:, :, 1, :], titan["l.w3_EFD"].transpose(1, 2))
-    back = fused.to_titan_experts(ours)
+    ours = expert_layout.to_fused(titan)
+    assert torch.equal(ours[f"l.{expert_layout.GATE_UP}"][:, :, 1, :], titan["l.w3_EFD"].transpose(1, 2))
+    back = expert_layout.to_titan(ours)
     assert back.keys() == titan.keys() and all(torch.equal(back[k], titan[k]) for k in titan)
+
+
+def test_a_checkpoints_adamw_states_convert_as_their_weights_and_steps_are_renamed():
+    """The conversion ``convert_experts`` applies to a DCP step: each weight's AdamW moments
+    (``<weight>.exp_avg``) go through the same transform as the weight; the step counters (0-d)
+    follow under the new name; other keys are left alone."""
+    gen = torch.Generator().manual_seed(1)
+    head = "model.layers.0.moe.routed_experts.inner_experts"
+    titan = {f"{head}.{n}": torch.randn(3, 5, 7, generator=gen) for n in ("w1_EFD", "w3_EFD")}
+    titan[f"{head}.w2_EDF"] = torch.randn(3, 7, 5, generator=gen)
+    opt = {
+        f"optimizer.state.{k}.{m}": torch.randn(v.shape, generator=gen)
+        for k, v in titan.items()
+        for m in ("exp_avg", "exp_avg_sq")
+    }
+    steps = {f"optimizer.state.{k}.step": torch.tensor(4.0) for k in titan}
+    flat = {**titan, **opt, **steps, "model.norm.weight": torch.ones(5)}
+    fused_flat = expert_layout.to_fused(flat)
+    weights = expert_layout.to_fused(titan)
+    for key, value in weights.items():
+        moment = {k.removeprefix("optimizer.state."): v for k, v in opt.items() if k.endswith(".exp_avg")}
+        expected = expert_layout.to_fused({k.removesuffix(".exp_avg"): v for k, v in moment.items()})[key]
+        assert torch.equal(fused_flat[key], value)
+        assert torch.equal(fused_flat[f"optimizer.state.{key}.exp_avg"], expected)
+        assert torch.equal(fused_flat[f"optimizer.state.{key}.step"], torch.tensor(4.0))
+    assert torch.equal(fused_flat["model.norm.weight"], torch.ones(5))
+    assert expert_layout.layout_of(fused_flat) == "fused" and expert_layout.layout_of(flat) == "torchtitan"
+    back = expert_layout.to_titan(fused_flat)
+    assert back.keys() == flat.keys() and all(torch.equal(back[k], flat[k]) for k in flat)
 
 
 def test_after_each_layers_forward_its_experts_are_sharded_again(tmp_path):

@@ -12,8 +12,8 @@ from torchtitan.config import apply_overrides
 from torchtitan.models.common.moe import GroupedExperts, MoE
 
 from qwen3_trainium.config import flavors
+from qwen3_trainium.models import expert_layout
 from qwen3_trainium.models.kernels import moe, moe_nki
-from qwen3_trainium.models.overrides import blockwise_experts
 from tests.support import nki_standins as standins
 
 
@@ -81,7 +81,7 @@ def _moe_pair(compute_dtype: str, float32_reference: bool):
                 torch.randn(p.shape, generator=torch.Generator().manual_seed(zlib.crc32(name.encode()))) * 0.1
             )
         titan.expert_bias_E.zero_()
-    ours.load_state_dict(blockwise_experts.to_fused_experts(titan.state_dict()))  # the same weights
+    ours.load_state_dict(expert_layout.to_fused(titan.state_dict()))  # the same weights
     if float32_reference:
         titan.routed_experts.inner_experts.__class__ = Float32GroupedExperts
     return titan, ours
@@ -101,7 +101,7 @@ def test_float32_reference_matches_torchtitan_moe_outputs_and_all_gradients():
     x = torch.randn(2, 256, 256, generator=torch.Generator().manual_seed(2))
     out_t, dx_t, g_t = _run(titan, x)
     out_o, dx_o, g_o = _run(ours, x)
-    g_o = blockwise_experts.to_titan_experts(g_o)  # fused grads in torchtitan's layout
+    g_o = expert_layout.to_titan(g_o)  # fused grads in torchtitan's layout
     pairs = {"out": (out_t, out_o), "x.grad": (dx_t, dx_o)} | {f"{n}.grad": (g_t[n], g_o[n]) for n in g_t}
     report = {
         k: f"{(a - b).abs().max().item():.2e} (|ref| max {a.abs().max().item():.1f})"
@@ -134,7 +134,7 @@ def test_fused_experts_are_exact_against_the_reference_on_torchtitans_weights():
     titan.routed_experts.forward = stacked_copy.__get__(titan.routed_experts)
     out_r, dx_r, g_r = _run(titan, x)
     out_o, dx_o, g_o = _run(ours, x)
-    g_o = blockwise_experts.to_titan_experts(g_o)
+    g_o = expert_layout.to_titan(g_o)
     diffs = {"out": (out_r - out_o).abs().max().item(), "x.grad": (dx_r - dx_o).abs().max().item()}
     diffs |= {f"{n}.grad": (g_r[n] - g_o[n]).abs().max().item() for n in g_r}
     print("max abs diff, fused layout vs reference on stacked torchtitan weights:", diffs)

@@ -16,7 +16,8 @@ parameters here are the kernel's layout:
   tensors of its shapes, then transposed in; a seed gives the same model in both layouts.
 - Sharded like torchtitan's experts: FSDP and expert parallel on the expert dim 0, tensor parallel
   on F (``gate_up_ED2F`` dim 3, ``down_EFD`` dim 1, so each TP rank keeps matching gate and up).
-- Converted once, at the HF boundary (``FusedExpertsStateDictAdapter``): Hugging Face's
+- Converted once, at the HF boundary (``FusedExpertsStateDictAdapter``, with ``expert_layout.py``,
+  the conversion ``convert_experts`` uses too): Hugging Face's
   per-expert ``gate_proj`` / ``up_proj`` / ``down_proj`` in (``initial_load_in_hf``) and out
   (``last_save_in_hf``). torchtitan's own (DCP) checkpoints hold the fused parameters.
 """
@@ -34,10 +35,9 @@ from torchtitan.models.common.moe import GroupedExperts, RoutedExperts
 from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.module import Module
 
+from qwen3_trainium.models.expert_layout import DOWN, GATE_UP, TITAN_EXPERTS, to_fused, to_titan
 from qwen3_trainium.models.kernels import moe as moe_ops
 
-GATE_UP, DOWN = "gate_up_ED2F", "down_EFD"
-TITAN_EXPERTS = ("w1_EFD", "w2_EDF", "w3_EFD")  # torchtitan's GroupedExperts parameters
 # Where each dim of torchtitan's tensors goes in ours (for shardings and initialisation).
 _W1_TO_GATE_UP = {0: 0, 1: 3, 2: 1}  # w1_EFD / w3_EFD [E, F, D] -> gate_up_ED2F [E, D, 2, F]
 _W2_TO_DOWN = {0: 0, 1: 2, 2: 1}  # w2_EDF [E, D, F] -> down_EFD [E, F, D]
@@ -157,43 +157,11 @@ def fused_config(cfg: RoutedExperts.Config, **fields) -> BlockwiseRoutedExperts.
     return derive(cfg, BlockwiseRoutedExperts.Config, inner_experts=fused, **fields)
 
 
-def to_titan_experts(state_dict: dict) -> dict:
-    """Fused experts -> torchtitan's ``w1_EFD`` / ``w2_EDF`` / ``w3_EFD``, contiguous copies: the
-    HF writer refuses views (safetensors: "non contiguous tensor"), and torchtitan's adapter
-    slices each expert out of them."""
-    out = {}
-    for key, value in state_dict.items():
-        prefix, _, name = key.rpartition(".")
-        if name == GATE_UP:
-            out[f"{prefix}.w1_EFD"] = value[:, :, 0, :].transpose(1, 2).contiguous()
-            out[f"{prefix}.w3_EFD"] = value[:, :, 1, :].transpose(1, 2).contiguous()
-        elif name == DOWN:
-            out[f"{prefix}.w2_EDF"] = value.transpose(1, 2).contiguous()
-        else:
-            out[key] = value
-    return out
-
-
-def to_fused_experts(state_dict: dict) -> dict:
-    """torchtitan's ``w1_EFD`` / ``w2_EDF`` / ``w3_EFD`` -> fused experts (one stack per layer)."""
-    out = {}
-    for key, value in state_dict.items():
-        prefix, _, name = key.rpartition(".")
-        if name == "w1_EFD":
-            gate_up = [value, state_dict[f"{prefix}.w3_EFD"]]
-            out[f"{prefix}.{GATE_UP}"] = torch.stack([w.transpose(1, 2) for w in gate_up], dim=2)
-        elif name == "w2_EDF":
-            out[f"{prefix}.{DOWN}"] = value.transpose(1, 2)
-        elif name != "w3_EFD":
-            out[key] = value
-    return out
-
-
 class FusedExpertsStateDictAdapter(Qwen3StateDictAdapter):
     """torchtitan's Qwen3 HF adapter, with the experts converted at the boundary."""
 
     def to_hf(self, state_dict: dict) -> dict:
-        return super().to_hf(to_titan_experts(state_dict))
+        return super().to_hf(to_titan(state_dict))
 
     def from_hf(self, hf_state_dict: dict) -> dict:
-        return to_fused_experts(super().from_hf(hf_state_dict))
+        return to_fused(super().from_hf(hf_state_dict))

@@ -234,7 +234,7 @@ def _resume_model(folder: str, step_dir: str, saved: dict, trial) -> list[Proble
 def _expert_layouts(saved, ours) -> tuple[str, str] | None:
     """(the checkpoint's expert layout, the model's) when they are the two different layouts of
     the same experts (``convert_experts.py``), else None."""
-    from qwen3_trainium.models.convert_experts import layout_of
+    from qwen3_trainium.models.expert_layout import layout_of
 
     have, want = layout_of(saved), layout_of(ours)
     return (have, want) if have and want and have != want else None
