@@ -37,21 +37,25 @@ class Shares:
     def line(self, label: str, rows: bool = True) -> str:
         """``600 records over 64 data-parallel ranks: 9 to 10 records, 2 to 4 rows per rank``."""
         over = f"{self.world} data-parallel rank{'s' if self.world != 1 else ''}"
-        head = f"{label}: {sum(self.records)} records over {over}: {_span(self.records)} records"
+        head = f"{label}: {_count(sum(self.records), 'record')} over {over}: {_span(self.records, 'record')}"
         if not rows:
             return head + " per rank"
         capped = self.limit is not None and max(self.rows) >= self.limit
         return (
             head
-            + f", {_span(self.rows)} rows"
+            + f", {_span(self.rows, 'row')}"
             + (f" (counted up to {self.limit})" if capped else "")
             + " per rank"
         )
 
 
-def _span(values: list[int]) -> str:
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
+
+
+def _span(values: list[int], noun: str) -> str:
     low, high = min(values), max(values)
-    return f"{low}" if low == high else f"{low} to {high}"
+    return _count(low, noun) if low == high else f"{low} to {high} {noun}s"
 
 
 def ranks(indices: list[int]) -> str:

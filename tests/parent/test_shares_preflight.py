@@ -92,3 +92,15 @@ def test_the_shipped_held_out_text_at_128_ranks_is_counted_per_rank():
     assert "eval: held-out text: 1631 records over 128 data-parallel ranks: 12 to 13 records" in " ".join(
         notes
     ), notes
+
+
+def test_the_per_rank_line_counts_in_words_that_agree_with_the_number():
+    from qwen3_trainium.data.shares import Shares
+
+    assert Shares(records=[9, 10], rows=[1, 1]).line("chat data") == (
+        "chat data: 19 records over 2 data-parallel ranks: 9 to 10 records, 1 row per rank"
+    )
+    assert (
+        Shares(records=[1], rows=[2]).line("x")
+        == "x: 1 record over 1 data-parallel rank: 1 record, 2 rows per rank"
+    )
