@@ -20,7 +20,8 @@ RANK_GIB = 23.812  # a trn2 rank's HBM at LNC=2 (devices.py)
 
 
 def trainium_lines() -> list[str]:
-    lines = [line.split("#")[0].strip() for line in (ROOT / "README.md").read_text().splitlines()]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    lines = [line.split("#")[0].strip() for page in pages for line in page.read_text().splitlines()]
     return [
         line for line in lines if line.startswith("python launch.py") and any(t in line for t in TRAINIUM)
     ]
