@@ -14,8 +14,11 @@ parameters here are the kernel's layout:
   width). The op reads them as they are and autograd saves the parameters themselves.
 - Initialised exactly as torchtitan's ``GroupedExperts``: its initialisers, in its order, on
   tensors of its shapes, then transposed in; a seed gives the same model in both layouts.
-- Sharded like torchtitan's experts: FSDP and expert parallel on the expert dim 0, tensor parallel
-  on F (``gate_up_ED2F`` dim 3, ``down_EFD`` dim 1, so each TP rank keeps matching gate and up).
+- Sharded by torchtitan's own rules for its experts: FSDP on the expert dim 0 while the FSDP
+  degree is at most the expert count, else on dim 1 (``apply_fsdp``'s ``shard_placement_fn``,
+  ``torchtitan/distributed/fsdp.py``); tensor parallel on F (``gate_up_ED2F`` dim 3,
+  ``down_EFD`` dim 1, so each TP rank keeps matching gate and up). Expert parallel is refused
+  with this op before launch (``parent/preflight/model.py``): the kernel keeps every expert.
 - Converted once, at the HF boundary (``FusedExpertsStateDictAdapter``, with ``expert_layout.py``,
   the conversion ``convert_experts`` uses too): Hugging Face's
   per-expert ``gate_proj`` / ``up_proj`` / ``down_proj`` in (``initial_load_in_hf``) and out
