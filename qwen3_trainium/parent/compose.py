@@ -42,6 +42,15 @@ def register() -> None:
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("q3t_asset"):
         OmegaConf.register_new_resolver("q3t_asset", asset_path)
+    if not OmegaConf.has_resolver("q3t_choices"):
+        OmegaConf.register_new_resolver("q3t_choices", chosen_options)
+
+
+def chosen_options(choices) -> str:
+    """``--help``'s line of the groups' options in force (``hydra.runtime.choices``, Hydra's own
+    groups left out), in the order the help lists the groups."""
+    chosen = {g: o for g, o in choices.items() if not g.startswith("hydra/") and o is not None}
+    return " ".join(f"{g}={chosen[g]}" for g in sorted(chosen))
 
 
 def _looks_local(path: str) -> bool:
