@@ -1,6 +1,6 @@
 """Requeue on preemption and at the time limit: the sbatch side and the side inside each job.
 
-Two ways an attempt is ended early, two mechanisms (README, "Requeue"):
+Two ways an attempt is ended early, two mechanisms (docs/slurm.md, "Requeue"):
 
 - Slurm requeues the job itself (``#SBATCH --requeue``: ``scontrol requeue``, preemption with
   ``PreemptMode=REQUEUE``, node failure): it sends SIGTERM to every process of the job, SIGKILL

@@ -84,10 +84,10 @@ class CompileComponent(Enum):
 
 
 class MemoryMode(Enum):
-    # the estimate where it is calibrated against the trace (within 15% on every trn2 line of the
-    # README), else the trace: model=hf on Neuron (Transformers' modules, not modelled tensor by tensor)
+    # the estimate where it is calibrated against the trace (within 15% on the docs' trn2 lines it
+    # decides: tests/parent/test_readme_trainium.py), else the trace: model=hf on Neuron (Transformers' modules, not modelled tensor by tensor)
     auto = "auto"
-    estimate = "estimate"  # by hand from the model's shape: milliseconds (memory.py)
+    estimate = "estimate"  # by hand from the model's shape: milliseconds (memory/estimate.py)
     trace = "trace"  # two steps traced under FakeTensorMode on a fake world: seconds (memory/trace.py)
 
 

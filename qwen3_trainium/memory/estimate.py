@@ -19,8 +19,8 @@ divide the layers). Per rank:
 - ``peft=lora``: gradients and AdamW states for the adapters only, and the matmul outputs that
   selective checkpointing keeps once each adapter adds its two matmuls (``_lora_saved_matmuls``).
 The model's parameter counts come from the model itself, built on the meta device. On the
-README's trn2 lines (but its Slurm examples and ``model=hf``, which ``memory=auto`` traces) it is
-within 15% of the trace (``tests/test_readme_trainium.py``, make test-heavy).
+docs' trn2 lines (but their Slurm examples and ``model=hf``, which ``memory=auto`` traces) it is
+within 15% of the trace (``tests/parent/test_readme_trainium.py``, make test-heavy).
 """
 
 from __future__ import annotations
