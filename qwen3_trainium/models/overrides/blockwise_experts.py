@@ -4,8 +4,8 @@ nki-library's ``moe_cte`` and ``blockwise_mm_bwd`` take ``gate_up [E, H, 2, I]``
 ``down [E, I, H]`` (``nkilib/core/moe/moe_cte/moe_cte.py``); torchtitan stores ``w1_EFD`` /
 ``w3_EFD [E, I, H]`` and ``w2_EDF [E, H, I]``. Stacking those into the kernel's layout in every
 forward made a full copy of each layer's gathered experts, and the op saved the copy for
-backward: with FSDP every layer's experts then stayed gathered until its backward (Qwen3-30B-A3B on
-a trn2 rank: 89 GiB traced). As neuronx-distributed does (one fused gate/up parameter whose
+backward: with FSDP every layer's experts then stayed gathered until its backward (Qwen3-30B-A3B at
+T=4096 without activation checkpointing: 105.0 GiB a trn2 rank, traced; docs/moe.md). As neuronx-distributed does (one fused gate/up parameter whose
 ``[E, H, 2, I]`` kernel view is free, ``neuronx_distributed/modules/moe/blockwise.py``), the
 parameters here are the kernel's layout:
 
