@@ -152,3 +152,27 @@ def test_each_docs_command_composes_passes_preflight_and_is_marked(
     expected = ("failed", 2) if "refused" in command.markers else ("dry_run", 0)
     assert result == expected, f"{command.where}: {command.text}\n{err[-3000:]}"
     assert "Traceback" not in err
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation but - and _ dropped, spaces
+    to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_docs_reaches_a_page_and_a_heading():
+    broken = []
+    for page in PAGES:
+        prose = re.sub(r"```.*?```|`[^`\n]*`", "", page.read_text(), flags=re.S)  # code is not links
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md":
+                headings = re.findall(r"^#+ (.*)$", linked.read_text(), re.M)
+                if anchor not in {_slug(h) for h in headings}:
+                    broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, broken
