@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -80,14 +81,32 @@ def max_adapter_logit_diff(directory: str, probe_path: str) -> float:
     tensors = load_file(os.path.join(directory, "adapter_model.safetensors"))
     scale = config["lora_alpha"] / config["r"]
     with torch.no_grad():
-        for key, a in tensors.items():
-            if key.endswith(".lora_A.weight"):
-                stem = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
-                b = tensors[key.replace(".lora_A.weight", ".lora_B.weight")]
-                model.get_submodule(stem).weight += scale * (b @ a)
+        for stem in adapter_stems(tensors):
+            a, b = (tensors[f"base_model.model.{stem}.lora_{ab}.weight"] for ab in "AB")
+            model.get_submodule(stem).weight += scale * (b @ a)
         probe = torch.load(probe_path)
         logits = model(probe["tokens"]).logits.float()
     return (logits - probe["logits"]).abs().max().item()
+
+
+def adapter_stems(tensors: dict) -> list[str]:
+    """The modules a PEFT adapter file adapts, each with exactly one ``lora_A`` and one ``lora_B``
+    (PEFT's key names). Any other key, or an A without its B, fails with the keys named: a wrong
+    key map must not pass by leaving half an adapter out of the check."""
+    halves: dict[str, set[str]] = {}
+    odd = []
+    for key in tensors:
+        match = re.fullmatch(r"base_model\.model\.(.+)\.lora_([AB])\.weight", key)
+        if match:
+            halves.setdefault(match[1], set()).add(match[2])
+        else:
+            odd.append(key)
+    odd += [f"{stem}: lora_{''.join(sorted(h))} only" for stem, h in halves.items() if h != {"A", "B"}]
+    if odd:
+        raise ValueError(
+            f"adapter_model.safetensors: keys that are not one lora_A and one lora_B per module: {odd}"
+        )
+    return sorted(halves)
 
 
 def verify(run: RunConf, run_dir: str) -> tuple[bool, str]:
