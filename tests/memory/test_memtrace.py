@@ -13,6 +13,7 @@ from qwen3_trainium.parent.preflight import system
 GiB = 2**30
 
 
+@pytest.mark.heavy  # 25 s; tests/test_docs_commands.py dry-runs the trn2 lines in make test
 def test_dry_run_traces_a_trn2_layout_at_64_ranks():
     """The issue's command, on a smaller model: the 8B flavor takes about 35 s on 2 cores."""
     proc = run_launch(

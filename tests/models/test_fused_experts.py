@@ -148,6 +148,7 @@ def test_after_each_layers_forward_its_experts_are_sharded_again(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # over a minute on 2 cores: make test-heavy (CI runs both)
 def test_tensor_parallel_splits_the_experts_width_and_trains_as_one_rank(tmp_path):
     """parallel.tensor_parallel_degree=2: each rank holds half of every expert's width (the fused
     layout shards gate_up_ED2F on dim 3 and down_EFD on dim 1); from the same HF weights its losses

@@ -185,7 +185,10 @@ def test_a_hub_layout_checkpoint_passes_preflight_with_every_tensor_matched(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("path", "extra"),
-    [("nki_moe", []), ("native", ["model.flavor=tiny_moe"])],  # defaults: float32 on CPU
+    [  # defaults: float32 on CPU; the native case in make test-heavy (the same round trip, 27 s)
+        ("nki_moe", []),
+        pytest.param("native", ["model.flavor=tiny_moe"], marks=pytest.mark.heavy),
+    ],
 )
 def test_moe_finetune_from_transformers_and_export_round_trip(path, extra, tmp_path):
     """From a Qwen3MoeForCausalLM saved by Transformers: every key matched, it trains, and its export

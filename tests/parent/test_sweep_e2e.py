@@ -137,6 +137,7 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert json.loads((sweep_dir / "0" / "job.json").read_text())["exit_code"] != 0
 
 
+@pytest.mark.heavy  # two real runs, 30 s: make test-heavy
 def test_resume_continues_the_same_wandb_run_beside_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
