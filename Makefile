@@ -78,7 +78,7 @@ wandb-sync: setup
 	if [ -z "$$found" ]; then echo "no offline W&B runs under $(RUNS)/"; exit 0; fi; \
 	echo "$$found" | xargs $(VENV)/bin/wandb sync
 
-# Everything but the multi-minute cases (about 20 min on 2 cores); CI runs both targets.
+# Everything but the multi-minute cases (17 min on 2 cores, 2026-12-06); CI runs both targets.
 test: setup
 	$(PY) -m pytest -m "not heavy"
 
