@@ -23,11 +23,9 @@ import pytest
 from conftest import CONF, compose_cfg
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import IntervalSweep
 
 from qwen3_trainium.parent import compose as run_compose
-from tests.support.docs_commands import PAGES, Command, commands, page_commands
+from tests.support.docs_commands import PAGES, Command, commands, page_commands, split_args
 from tests.support.docs_user_dir import use_hub_cache, write_user_dir
 
 
@@ -41,29 +39,6 @@ def _checked() -> list[Command]:
     return list(seen.values())
 
 
-def _split(args: list[str]) -> tuple[list[str], list[list[str]], bool]:
-    """(Hydra's own overrides, the config overrides each as the list of its sweep values, -m)."""
-    parser = OverridesParser.create()
-    hydra_args, config = [], []
-    for arg in args:
-        if arg == "-m":
-            continue
-        if arg.startswith(("hydra/", "hydra.")):
-            hydra_args.append(arg)
-            continue
-        override = parser.parse_override(arg)
-        if not override.is_sweep_override():
-            config.append([arg])
-            continue
-        sweep = override.value()
-        key = override.get_key_element()
-        if isinstance(sweep, IntervalSweep):
-            config.append([f"{key}={sweep.start}"])
-        else:
-            config.append([f"{key}={value}" for value in override.sweep_string_iterator()])
-    return hydra_args, config, "-m" in args
-
-
 def _compose_with_hydra(overrides: list[str]):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -74,10 +49,7 @@ def _needs(run, composed) -> set[str]:
     """What the command needs to train: a trn2 (device=neuron), CUDA, a Slurm cluster (the
     submitit launcher, which cluster=slurm_* selects)."""
     needs = {"neuron": {"trn2"}, "cuda": {"cuda"}}.get(run.device.type.value, set())
-    slurm = (
-        "submitit" in composed.hydra.launcher._target_.lower()
-        or "slurm" in composed.hydra.launcher._target_.lower()
-    )
+    slurm = "slurm" in composed.hydra.launcher._target_.lower()
     return {"slurm"} if slurm else needs  # a Slurm cluster's nodes are its devices: one marker
 
 
@@ -131,7 +103,7 @@ def test_each_docs_command_composes_passes_preflight_and_is_marked(
     assert not re.search(r"<[^>]*>", command.text), (
         f"{command.where}: a placeholder in a command: {command.text}"
     )
-    hydra_args, config, multirun = _split(command.args)
+    hydra_args, config, multirun = split_args(command.args)
     assert multirun or all(len(values) == 1 for values in config), f"{command.where}: a sweep needs -m"
     first = [values[0] for values in config]
     for i, values in enumerate(config):

@@ -11,7 +11,7 @@ import pytest
 from conftest import compose_cfg
 
 from qwen3_trainium.parent import compose
-from tests.support.docs_commands import commands
+from tests.support.docs_commands import commands, split_args
 from tests.support.docs_user_dir import use_hub_cache, write_user_dir
 
 TRAINIUM = ("device=neuron", "parallel=trn2", "cluster=slurm_trn2", "experiment=qwen3_30b_a3b_trn2")
@@ -26,15 +26,10 @@ def trainium_lines() -> list[str]:
 
 
 def overrides(line: str) -> list[str]:
-    """The config overrides of a command line: Hydra's own flags and keys (-m, hydra/..., hydra.*)
-    dropped, a sweep's first value taken, dry_run added by the fixture."""
-    kept = []
-    for arg in shlex.split(line)[2:]:
-        if arg == "-m" or arg.startswith(("hydra/", "hydra.", "dry_run=")):
-            continue
-        key, _, value = arg.partition("=")
-        kept.append(f"{key}={value.split(',')[0] if not value.startswith('[') else value}")
-    return kept
+    """The config overrides of a command line: Hydra's own (-m, hydra/..., hydra.*) dropped, a
+    sweep's first value taken, dry_run added by the fixture."""
+    _, config, _ = split_args(shlex.split(line)[2:])
+    return [values[0] for values in config if not values[0].startswith("dry_run=")]
 
 
 @pytest.fixture(scope="module")

@@ -57,3 +57,30 @@ def page_commands(page: Path) -> list[Command]:
 def commands() -> list[Command]:
     """Every command of README.md and docs/*.md."""
     return [command for page in PAGES for command in page_commands(page)]
+
+
+def split_args(args: list[str]) -> tuple[list[str], list[list[str]], bool]:
+    """A command's arguments as (Hydra's own overrides, the config overrides each as the list of
+    its sweep values (an interval: its lower end), whether it has -m)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import IntervalSweep
+
+    parser = OverridesParser.create()
+    hydra_args, config = [], []
+    for arg in args:
+        if arg == "-m":
+            continue
+        if arg.startswith(("hydra/", "hydra.")):
+            hydra_args.append(arg)
+            continue
+        override = parser.parse_override(arg)
+        if not override.is_sweep_override():
+            config.append([arg])
+            continue
+        sweep = override.value()
+        key = override.get_key_element()
+        if isinstance(sweep, IntervalSweep):
+            config.append([f"{key}={sweep.start}"])
+        else:
+            config.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+    return hydra_args, config, "-m" in args
