@@ -30,12 +30,12 @@ from tests.support.docs_user_dir import use_hub_cache, write_user_dir
 
 
 def _checked() -> list[Command]:
-    """One of each distinct command (the first place it is written), ``--help`` left to
-    tests/parent/test_help.py."""
-    seen: dict[str, Command] = {}
+    """One of each distinct command and markers (the first place it is written: the same command
+    marked otherwise elsewhere is checked again), ``--help`` left to tests/parent/test_help.py."""
+    seen: dict[tuple[str, frozenset], Command] = {}
     for command in commands():
         if "--help" not in command.args:
-            seen.setdefault(command.text, command)
+            seen.setdefault((command.text, command.markers), command)
     return list(seen.values())
 
 
