@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import subprocess
 import sys
 from typing import Any
 from unittest import mock
@@ -89,7 +90,20 @@ class _Executor:
         jobs = [(list(overrides), num) for overrides, _key, num, _id, _state in zip(*iterables, strict=True)]
         if self._dry_run:
             return [self._render(overrides, num) for overrides, num in jobs]
-        submitted = self._real.map_array(fn, *iterables)
+        from submitit.core.utils import FailedJobError
+
+        try:  # one sbatch for the whole array (submitit's job array): on a refusal none was submitted
+            submitted = self._real.map_array(fn, *iterables)
+        except (FailedJobError, subprocess.CalledProcessError) as e:
+            said = (str(e) if isinstance(e, FailedJobError) else e.stderr or "").strip().splitlines()
+            print(
+                f"qwen3-trainium: sbatch refused the submission ({said[-1] if said else 'no message'}):"
+                " check hydra.launcher.partition and that this host reaches the Slurm controller"
+                " (sinfo), or add dry_run=true to render the scripts here (nothing was submitted)",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(2) from None
         return [_Settled(self._launcher, job, *spec) for job, spec in zip(submitted, jobs, strict=True)]
 
     def _render(self, overrides: list[str], num: int) -> _Done:

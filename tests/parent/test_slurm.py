@@ -86,6 +86,24 @@ def test_submitting_without_slurm_stops_with_one_line_naming_the_fix(tmp_path, p
     assert not (sweep_dir / ".submitit").exists()
 
 
+def test_a_submission_that_sbatch_refuses_stops_with_one_line_naming_the_fix(tmp_path, path_without_slurm):
+    """sbatch on PATH but no controller to reach (a laptop with Slurm's client, a wrong
+    partition): one line with sbatch's message and the fix, exit 2, no traceback."""
+    refusal = "sbatch: fatal: Could not establish a configuration source"
+    for name, body in (("sbatch", f"echo '{refusal}' >&2; exit 1"), ("srun", "exit 0")):
+        program = Path(path_without_slurm) / name
+        program.write_text(f"#!/bin/sh\n{body}\n")
+        program.chmod(0o755)
+    sweep = f"hydra.sweep.dir={tmp_path / 'sweep'}"
+    proc = run_launch("-m", "cluster=slurm_local", "smoke=on", sweep, env={"PATH": path_without_slurm})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"qwen3-trainium: sbatch refused the submission ({refusal}): check hydra.launcher.partition"
+    )
+    assert last.endswith("(nothing was submitted)") and "Traceback" not in proc.stdout + proc.stderr
+
+
 def _submitit_requeues(signum, frame):
     raise SystemExit(-1)  # what submitit's handler does after `scontrol requeue` (SignalHandler._exit)
 
