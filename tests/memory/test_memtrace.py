@@ -188,3 +188,51 @@ def test_the_traced_tokens_per_second_and_mfu_count_as_torchtitan_does():
     assert (
         trace.Trace(1, {}, step_seconds=1, model_flops_per_token=1e9, tokens_per_step=8).mfu == 0
     )  # no peak
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "offs"),
+    [
+        ((96, 64), (3, 64, 32), [10, 40, 96]),  # forward: tokens x (experts, K, N)
+        ((64, 96), (96, 32), [10, 40, 96]),  # weight gradient: groups split the contracted dim
+    ],
+)
+def test_grouped_mm_flops_are_the_sum_of_each_groups_matmul(a_shape, b_shape, offs):
+    """The oracle: each group's own matmul, counted by torch's flop counter."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from qwen3_trainium.memory.roofline import RooflineMode, grouped_mm_flops
+
+    a, b = torch.randn(*a_shape), torch.randn(*b_shape)
+    out = torch._grouped_mm(a, b, offs=torch.tensor(offs, dtype=torch.int32))
+    starts = [0, *offs[:-1]]
+    with FlopCounterMode(display=False) as counter:
+        for g, (lo, hi) in enumerate(zip(starts, offs, strict=True)):
+            if b.dim() == 3:
+                a[lo:hi] @ b[g]
+            else:
+                a[:, lo:hi] @ b[lo:hi]
+    assert grouped_mm_flops(a, out) == counter.get_total_flops()
+    ceilings = devices.Roofline(bf16_flops=1e12, fp32_flops=1e11, bytes_per_second=1e15)
+    with RooflineMode(ceilings) as mode:
+        torch._grouped_mm(a, b, offs=torch.tensor(offs, dtype=torch.int32))
+    assert mode.flops == counter.get_total_flops()
+
+
+def test_reading_a_tensors_device_or_allocating_costs_no_time():
+    """``prim.device`` has a whole tensor as input and moves none of it; ``empty`` only allocates."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from qwen3_trainium.memory.roofline import RooflineMode
+
+    ceilings = devices.Roofline(bf16_flops=1e12, fp32_flops=1e11, bytes_per_second=1e9)
+    with FakeTensorMode():
+        big = torch.empty(4096, 4096)
+        with RooflineMode(ceilings) as mode:
+            for _ in range(3):
+                torch.ops.prim.device(big)
+            torch.empty(4096, 4096)
+            torch.empty_like(big)
+    assert mode.seconds == 0.0
