@@ -263,3 +263,24 @@ def test_contract_violations_are_clear_errors():
     args = list(_op_args(torch.float32, dim=512, inter=96))
     with pytest.raises(ValueError, match="expert width I must be at least 128, got 96"):
         moe_nki.check_contract(*args, lnc=1)
+
+
+def test_the_ops_flops_are_the_references_own_matmuls():
+    """torch's flop counter sees the custom ops as one op each; their formulas must count what the
+    reference computes, matmul by matmul (padding slots included), forward and backward."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    hidden, aff, gate_up, down, tpid, b2e, block = _op_args(torch.float32)
+    with FlopCounterMode(display=False) as by_matmul:
+        out, gate_up_act, down_act = moe.moe_reference(
+            hidden, aff, gate_up, down, tpid, b2e, block, torch.float32
+        )
+    with FlopCounterMode(display=False) as by_op:
+        moe.moe_blockwise(hidden, aff, gate_up, down, tpid, b2e, block, "float32")
+    assert by_op.get_total_flops() == by_matmul.get_total_flops() > 0
+    args = (torch.ones_like(out), hidden, aff, gate_up, down, tpid, b2e, gate_up_act, down_act, block)
+    with FlopCounterMode(display=False) as by_matmul:
+        moe.moe_reference_backward(*args)
+    with FlopCounterMode(display=False) as by_op:
+        moe.moe_blockwise_backward(*args)
+    assert by_op.get_total_flops() == by_matmul.get_total_flops() > 0

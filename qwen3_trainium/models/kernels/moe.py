@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils.flop_counter import register_flop_formula
 
 from qwen3_trainium.models.kernels import neuron
 from qwen3_trainium.models.kernels.rules import num_blocks
@@ -236,6 +237,26 @@ def _backward(ctx, grad_out, _grad_gate_up_act, _grad_down_act):
 
 
 moe_blockwise.register_autograd(_backward, setup_context=_setup_context)
+
+
+# FLOPs of the two ops, for torch's flop counter and the roofline (``memory/roofline.py``): the
+# kernels compute every slot of every block, padding included, so S = blocks x block_size rows.
+# Forward: gate and up (2 x 2SHI) and down (2SIH); backward: down's two gradients, gate/up's
+# input gradients and weight gradients (2 + 2 + 4 + 4, x SHI). Elementwise work is not counted,
+# as torch's own formulas do not count it. Checked against the reference's own matmuls
+# (tests/models/test_kernel_moe.py).
+def _slot_flops(hidden_shape, gate_up_shape, block_to_expert_shape, block_size: int, per_slot: int) -> int:
+    return per_slot * block_to_expert_shape[0] * block_size * hidden_shape[1] * gate_up_shape[-1]
+
+
+@register_flop_formula(torch.ops.qwen3_trainium.moe_blockwise)
+def _forward_flops(hidden, _aff, gate_up, _down, _tpid, b2e, block_size, *_rest, **_kwargs) -> int:
+    return _slot_flops(hidden, gate_up, b2e, block_size, 6)
+
+
+@register_flop_formula(torch.ops.qwen3_trainium.moe_blockwise_backward)
+def _backward_flops(_grad, hidden, _aff, gate_up, _down, _tpid, b2e, _gua, _da, block_size, **_kwargs) -> int:
+    return _slot_flops(hidden, gate_up, b2e, block_size, 12)
 
 
 def routed_experts(x_TD, topk_scores_TK, topk_ids_TK, gate_up, down, *, block_size: int, compute_dtype: str):
