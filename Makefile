@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-neuron lock doctor test-neuron test-gpu test-heavy smoke smoke-native smoke-hf smoke-nki-moe smoke-chat smoke-bf16 sweep-paths wandb-sync test test-fast lint format bench bench-compile bench-paths assets clean
+.PHONY: setup setup-neuron lock doctor test-neuron test-gpu test-heavy smoke smoke-native smoke-hf smoke-nki-moe smoke-chat smoke-bf16 sweep-paths wandb-sync test test-fast lint format bench bench-compile bench-paths bench-moe assets clean
 
 setup: $(STAMP)
 
@@ -112,6 +112,15 @@ bench-compile: setup
 
 bench-paths: setup
 	$(PY) bench/paths.py
+
+# The two MoE routes on the same job, interleaved: grouped_mm (model=native) against blockwise NKI
+# (model=nki_moe); tokens/s, MFU, time to first iteration, peak memory; bench_moe.md/.json under
+# runs/bench_moe/. CPU: the tiny MoE's smoke job. DEVICE=neuron on a trn2 (after make setup-neuron):
+# Qwen3-30B-A3B, TP4 x FSDP16, seq 4096; refused in one line (exit 2) on a host without Neuron.
+# More options: BENCH_MOE_ARGS='--rounds 3 --cold' (python bench/moe.py --help).
+BENCH_MOE_ARGS ?=
+bench-moe: $(HOST_DEPS)
+	$(HOST_PY) bench/moe.py --device $(DEVICE) $(BENCH_MOE_ARGS)
 
 assets: setup
 	$(PY) -m qwen3_trainium.make_assets

@@ -20,12 +20,20 @@ def median_tps(run_dir: Path) -> float:
 
 
 def timed(argv: list[str], env: dict[str, str] | None = None) -> float:
+    return started_and_wall(argv, env)[1]
+
+
+def started_and_wall(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+    """Run argv from the repository root: (time.time() just before it started, its wall seconds).
+    The start is wall-clock time so that times the run itself writes (metrics.jsonl's ``time``)
+    can be measured from it."""
+    started = time.time()
     start = time.perf_counter()
     proc = subprocess.run(argv, env=env or dict(os.environ), cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"run failed ({proc.returncode}): {' '.join(argv)}\n{proc.stderr[-2000:]}")
-    return wall
+    return started, wall
 
 
 def launch(run_dir: Path, overrides: list[str]) -> float:
