@@ -23,6 +23,8 @@ from torchtitan.components.metrics import (
 )
 from torchtitan.tools.logging import logger
 
+from qwen3_trainium.rank import hbm_watch
+
 VAL_PERPLEXITY = "validation_metrics/perplexity"
 
 # torchtitan metric key -> metrics.jsonl key
@@ -39,33 +41,17 @@ JSONL_KEYS = {
     "n_tokens_seen": "tokens_seen",
     "memory/max_reserved_all_ranks(GiB)": "memory_max_all_ranks_gib",
     "memory/capacity(GiB)": "memory_capacity_gib",
-    "memory/neuron_driver_total(GiB)": "neuron_driver_total_gib",
-    "memory/neuron_driver_peak(GiB)": "neuron_driver_peak_gib",
+    hbm_watch.DRIVER_TOTAL: "neuron_driver_total_gib",
+    hbm_watch.DRIVER_PEAK: "neuron_driver_peak_gib",
+    hbm_watch.ACCELERATOR_ALLOCATED: "accelerator_peak_allocated_gib",
+    hbm_watch.ACCELERATOR_RESERVED: "accelerator_peak_reserved_gib",
+    hbm_watch.WATCHED_PEAK: "watched_peak_gib",
+    hbm_watch.WATCHED_FROM_ACCELERATOR: "watched_from_accelerator",
     # eval=on: torchtitan's Validator (log_validation), at the eval steps
     "validation_metrics/loss": "val_loss",
     VAL_PERPLEXITY: "val_perplexity",
 }
 WARN_FRACTION = 0.9
-NEURON_SYSFS = "/sys/devices/virtual/neuron_device"
-CORES_PER_CHIP = 8  # physical NeuronCore-v3 per Trainium2 chip
-
-
-def neuron_driver_memory(local_rank: int, lnc: int, root: str = NEURON_SYSFS) -> dict[str, float] | None:
-    """Driver-level device memory (GiB) of this rank's physical cores, where the sysfs is readable."""
-    total = peak = 0
-    for physical in range(local_rank * lnc, (local_rank + 1) * lnc):
-        chip, core = divmod(physical, CORES_PER_CHIP)
-        base = os.path.join(
-            root, f"neuron{chip}", f"neuron_core{core}", "stats", "memory_usage", "device_mem"
-        )
-        try:
-            with open(os.path.join(base, "total")) as f:
-                total += int(f.read().split()[0])
-            with open(os.path.join(base, "peak")) as f:
-                peak += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-    return {"memory/neuron_driver_total(GiB)": total / 2**30, "memory/neuron_driver_peak(GiB)": peak / 2**30}
 
 
 class JsonlLogger(BaseLogger):
@@ -158,6 +144,17 @@ class JsonlMetricsProcessor(MetricsProcessor):
             # physical core times the LNC in use (config/devices.py), equal to torchtitan's at LNC=2.
             self.gpu_peak_flops = config.peak_flops_per_rank
         self._warned_memory = False
+        self._noted_watch = False
+
+    def _watch_hbm(self) -> dict[str, float]:
+        """This rank's HBM figures on Neuron; says once which source the watched peak comes from."""
+        lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+        figures, why = hbm_watch.hbm_watch(int(os.environ.get("LOCAL_RANK", "0")), lnc)
+        if not self._noted_watch:  # once: the source does not change within a run
+            self._noted_watch = True
+            watched = hbm_watch.WATCHED_PEAK in figures
+            (logger.info if watched else logger.warning)(f"HBM watch: {hbm_watch.source_line(figures, why)}")
+        return figures
 
     def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
         """torchtitan's log, plus the peak memory of the fullest rank (a MAX all-reduce)."""
@@ -171,8 +168,7 @@ class JsonlMetricsProcessor(MetricsProcessor):
         extra = dict(extra_metrics or {})
         extra["memory/max_reserved_all_ranks(GiB)"] = peak
         if utils.device_type == "neuron":
-            lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
-            extra.update(neuron_driver_memory(int(os.environ.get("LOCAL_RANK", "0")), lnc) or {})
+            extra.update(self._watch_hbm())
         capacity = self.config.memory_capacity_gib
         if capacity:
             extra["memory/capacity(GiB)"] = capacity

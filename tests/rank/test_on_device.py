@@ -6,7 +6,9 @@ What they prove on a trn2.48xlarge: the installed nkilib takes the parameters th
 rope_hf on the device equals torchtitan's CosSinRoPE exactly in float32 (outputs and gradients:
 the guide's rule); the blockwise MoE kernels match the reference within stated tolerances; a
 10-step batch-1 smoke of each path on 64 ranks; the HBM estimate against the driver's peak
-(what the device used beyond the estimate within the 10% of a rank pre-flight passes silently).
+(what the device used beyond the estimate within the 10% of a rank pre-flight passes silently);
+the HBM watch's peak (torch.accelerator's on SDK 2.34, else the driver's) against the traced step
+peak of the same job, by the same rule.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tests.support import hbm_against_driver as hbm
 PATHS = ["native", "hf", "nki_moe"]
 SMOKE_TIMEOUT = 3 * 3600  # the first run on a trn2 compiles every graph (cached afterwards)
 MOE_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}  # max abs diff / max abs reference
+WATCHED_SOURCE = {(1.0,): "accelerator peak reserved", (0.0,): "driver peak"}  # watched_from_accelerator
 
 
 def _smoke(tmp_path_factory, cache: dict, key: str, path: str, *overrides: str) -> dict:
@@ -43,6 +46,15 @@ def _smoke(tmp_path_factory, cache: dict, key: str, path: str, *overrides: str) 
     rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     cache[key] = {"proc": proc, "rows": rows}
     return cache[key]
+
+
+def _traced_step_peak(tmp_path_factory, path: str, *overrides: str) -> tuple[float, float]:
+    """(step peak, capacity) in GiB that a ``memory=trace`` dry run of the smoke job prints."""
+    run_dir = tmp_path_factory.mktemp(f"trace-{path}")
+    args = (f"model={path}", "smoke=on", "tracking=off", *overrides, "dry_run=true", "memory=trace")
+    proc = run_launch(*args, f"hydra.run.dir={run_dir}", timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return hbm.trace_from_dry_run(proc.stdout)
 
 
 def _check_smoke(result: dict) -> dict:
@@ -166,6 +178,29 @@ def test_hbm_estimate_against_the_drivers_per_core_peak(smoke_runs, tmp_path_fac
     check = "HBM per rank, estimate vs driver peak (model=native smoke)"
     device_report.add("neuron", check, verdict.figure, "pass" if verdict.ok else "FAIL")
     assert verdict.ok, verdict.figure
+
+
+@pytest.mark.neuron
+def test_watched_hbm_peak_against_the_traced_step_peak(smoke_runs, tmp_path_factory, device_report):
+    """The native smoke's watched peak (``watched_peak_gib``: torch.accelerator's peak reserved
+    where SDK 2.34 provides it, else the driver's; ``rank/hbm_watch.py``) against the step peak a
+    ``memory=trace`` dry run of the same job traces for rank 0. The rule is the estimate's
+    (``hbm.compare_with_trace``): pre-flight passes a traced peak up to 90% of a rank silently, as
+    it does an estimate, so what the device holds beyond the trace must fit in the other 10%."""
+    job = ["device=neuron", "parallel=trn2_dp64"]
+    result = _smoke(tmp_path_factory, smoke_runs, "native", "native", *job)
+    _check_smoke(result)
+    traced, capacity = _traced_step_peak(tmp_path_factory, "native", *job)
+    rows = result["rows"]
+    sources = {r.get("watched_from_accelerator") for r in rows}  # one source per run: a set of one
+    name = WATCHED_SOURCE.get(tuple(sources), f"watched peak (sources {sorted(map(str, sources))})")
+    peak = max(float(r.get("watched_peak_gib", 0)) for r in rows)
+    verdict = hbm.compare_with_trace(traced, (name, peak), capacity)
+    allocated = max(float(r.get("accelerator_peak_allocated_gib", 0)) for r in rows)
+    figure = verdict.figure + (f"; accelerator peak allocated {allocated:.3f} GiB" if allocated else "")
+    check = "HBM per rank, traced step peak vs watched peak (model=native smoke)"
+    device_report.add("neuron", check, figure, "pass" if verdict.ok else "FAIL")
+    assert verdict.ok, figure
 
 
 # CUDA -------------------------------------------------------------------------------------------
