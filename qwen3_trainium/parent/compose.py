@@ -76,7 +76,7 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
         neuron = device == "neuron"
         run.model.moe_compute_dtype = ParamDtype.bfloat16 if neuron else run.training.mixed_precision_param
     if run.model.attn_backend is AttnBackend.auto:
-        run.model.attn_backend = AttnBackend.flex if device == "cuda" else AttnBackend.sdpa
+        run.model.attn_backend = _auto_attention(run, device)
     _resolve_compile(run)
     known_instance = device != "neuron" or run.device.instance in devices.NEURON_INSTANCES
     if run.launcher.nproc_per_node == -1 and known_instance and run.device.lnc in (1, 2):
@@ -93,6 +93,17 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
     else:
         _resolve_tokenizer(run)
     return run
+
+
+def _auto_attention(run: RunConf, device: str) -> AttnBackend:
+    """flex on CUDA; sdpa on CPU and Neuron, except the grouped_mm MoE route on Neuron: AWS's SDK
+    2.34 MoE recipes use "the models' own attention, not ... sdpa" (torch-neuronx v2.34.0 release
+    notes), and of torchtitan's own backends varlen is the one those notes say works on Neuron
+    ("torch.nn.attention.varlen.varlen_attn") that the memory trace can also run on CPU."""
+    if device == "cuda":
+        return AttnBackend.flex
+    moe = run.model.path is ModelPath.native and run.model.flavor in flavors.MOE_FLAVORS
+    return AttnBackend.varlen if device == "neuron" and moe else AttnBackend.sdpa
 
 
 def _resolve_compile(run: RunConf) -> None:

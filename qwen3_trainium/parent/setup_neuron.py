@@ -1,12 +1,12 @@
 """``make setup-neuron``: install this project into an existing Neuron environment.
 
-AWS's SDK 2.33 flow gives a ready venv: the DLAMI's ``/opt/aws_neuronx_venv_torch_neuronx_2_14_0``
-(PyTorch 2.14.0, torch-neuronx 2.14.3, neuronx-cc, nki), often with TorchTitan Neuron installed
-editable from a clone. This script adds the project to that venv without touching what the
-Neuron SDK or the user owns:
+AWS's flow gives a ready venv: the DLAMI's ``/opt/aws_neuronx_venv_torch_neuronx_2_14*`` (PyTorch
+2.14, torch-neuronx 2.14.3.1 in SDK 2.34 or 2.14.3.0 in 2.33, neuronx-cc, nki; releases and
+sources: ``config/neuron_sdk.py``), often with TorchTitan Neuron installed editable from a clone.
+This script adds the project to that venv without touching what the Neuron SDK or the user owns:
 
 - the venv: ``NEURON_VENV`` if set, else the active venv when ``torch_neuronx`` imports there,
-  else the DLAMI venv;
+  else the DLAMI venv (the newest ``..._2_14*`` there is);
 - torch, torch-neuronx, neuronx-cc, nki and torchtitan are never reinstalled or upgraded when
   present (pip gets a constraints file pinning them to what is installed);
 - only the missing dependencies are installed (pyproject.toml and requirements-neuron.txt); a
@@ -21,6 +21,7 @@ with the chosen venv's interpreter.
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import re
 import subprocess
@@ -30,7 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DLAMI_VENV = "/opt/aws_neuronx_venv_torch_neuronx_2_14_0"  # AWS's DLAMI, SDK 2.33 (PyTorch 2.14)
+sys.path.insert(0, str(ROOT))  # re-executed as a file in a venv the project is not installed in yet
+from qwen3_trainium.config import neuron_sdk  # noqa: E402 (standard library only)
+
+DLAMI_VENV = neuron_sdk.DLAMI_VENV  # AWS's documented name (PyTorch 2.14.0)
 PROTECTED = ("torch", "torch-neuronx", "neuronx-cc", "nki", "torchtitan")
 RECORD = ROOT / ".neuron-venv"  # the chosen venv, for `make test-neuron`
 TAG = "[setup-neuron]"
@@ -53,7 +57,18 @@ def imports_torch_neuronx(venv: str) -> bool:
     return probe.returncode == 0  # PyPI's placeholder raises on import
 
 
-def choose_venv(environ, probe=imports_torch_neuronx, isdir=os.path.isdir) -> tuple[str, str]:
+def dlami_venvs(pattern: str = neuron_sdk.DLAMI_VENV_GLOB) -> list[str]:
+    """The DLAMI's PyTorch 2.14 venvs, newest first (2_14_1 before 2_14_0): 2.34's name is not
+    documented, and it follows PyTorch's version (``config/neuron_sdk.py``)."""
+    found = sorted(
+        glob.glob(pattern), key=lambda p: [int(n) for n in re.findall(r"\d+", os.path.basename(p))]
+    )
+    return list(reversed(found)) or [DLAMI_VENV]
+
+
+def choose_venv(
+    environ, probe=imports_torch_neuronx, isdir=os.path.isdir, dlami=dlami_venvs
+) -> tuple[str, str]:
     """(venv directory, why it was chosen)."""
     if environ.get("NEURON_VENV"):
         venv = os.path.abspath(os.path.expanduser(environ["NEURON_VENV"]))
@@ -66,11 +81,12 @@ def choose_venv(environ, probe=imports_torch_neuronx, isdir=os.path.isdir) -> tu
     active = environ.get("VIRTUAL_ENV")
     if active and probe(active):
         return active, "the active venv (torch_neuronx imports there)"
-    if isdir(DLAMI_VENV):
-        return DLAMI_VENV, "the Neuron DLAMI's venv"
+    for venv in dlami():
+        if isdir(venv):
+            return venv, "the Neuron DLAMI's venv"
     seen = f"the active venv {active} has no working torch_neuronx" if active else "no venv is active"
     raise SetupError(
-        f"no Neuron environment found: {seen}, and {DLAMI_VENV} does not exist. "
+        f"no Neuron environment found: {seen}, and no DLAMI venv {neuron_sdk.DLAMI_VENV_GLOB} exists. "
         "Fix: activate the venv that has torch-neuronx (AWS's Neuron DLAMI or container), "
         "or NEURON_VENV=<its directory> make setup-neuron"
     )

@@ -88,7 +88,8 @@ def test_kernel_problems_before_launch():
     ]
     # on Neuron the kernels' shape rules apply: tiny_moe's hidden size 256 is below moe_cte's 512
     assert _keys("model=nki_moe", "device=neuron", "model.flavor=tiny_moe") == ["model.flavor"]
-    assert _keys("experiment=qwen3_30b_a3b_trn2") == []
+    assert _keys("experiment=qwen3_30b_a3b_trn2_nki_moe_dp64") == []
+    assert _keys("experiment=qwen3_30b_a3b_trn2_nki_moe") == []
     # 30B-A3B at batch 8 without activation checkpointing: 48 layers of padded blocks do not fit
     assert _keys("model=nki_moe", "device=neuron", "model.flavor=30B-A3B") == ["memory"]
 

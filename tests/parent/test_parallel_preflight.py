@@ -19,7 +19,7 @@ BAD = [  # (overrides, the key the problem must name)
     (["launcher.nproc_per_node=0"], "launcher.nproc_per_node"),
     (["model.flavor=9B"], "model.flavor"),
     (["device=cpu", "model.attn_backend=flex"], "model.attn_backend"),
-    (["device=neuron", "model.attn_backend=varlen"], "model.attn_backend"),
+    (["device=neuron", "model.attn_backend=flex", "memory=trace"], "model.attn_backend"),
     (["device=neuron", "device.lnc=3"], "device.lnc"),
     (["device=neuron", "device.instance=trn9.huge"], "device.instance"),
     (["parallel=cpu2", "parallel.data_parallel_shard_degree=4"], "parallel"),

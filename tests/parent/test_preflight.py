@@ -21,8 +21,18 @@ def test_flex_on_cpu_is_refused_with_the_fix():
 
 
 @pytest.mark.parametrize("backend", ["flex", "varlen"])
-def test_neuron_refuses_cuda_only_attention(backend):
-    assert _keys("device=neuron", f"model.attn_backend={backend}") == ["model.attn_backend"]
+def test_neuron_takes_flex_and_varlen_from_sdk_2_34_and_refuses_them_on_2_33(backend, monkeypatch):
+    """AWS's SDK 2.34 notes: varlen_attn works on Neuron, FlexAttention runs faster there."""
+    from qwen3_trainium.parent.preflight import stack
+
+    overrides = ("device=neuron", f"model.attn_backend={backend}", "memory=estimate")
+    assert _keys(*overrides) == []  # no Neuron packages here: checked again on the trn2
+    versions = {"torch": "2.14.0", "torchtitan": "0.3.0", "transformers": "5.24.0", "hydra-core": "1.3.2"}
+    neuron = {"neuronx-cc": "2.29.1.0", "nki": "0.8.0"}
+    monkeypatch.setattr(stack, "installed", {**versions, **neuron, "torch-neuronx": "2.14.3.0.1"}.get)
+    assert _keys(*overrides) == ["model.attn_backend"]
+    monkeypatch.setattr(stack, "installed", {**versions, **neuron, "torch-neuronx": "2.14.3.1.1"}.get)
+    assert _keys(*overrides) == []
 
 
 def test_unknown_flavor_lists_the_known_ones():

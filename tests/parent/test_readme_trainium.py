@@ -15,7 +15,7 @@ from tests.support.docs_commands import commands, split_args
 from tests.support.docs_user_dir import use_hub_cache, write_user_dir
 
 TRAINIUM = ("device=neuron", "parallel=trn2", "cluster=slurm_trn2", "experiment=qwen3_30b_a3b_trn2")
-HEADLINE = ("experiment=qwen3_30b_a3b_trn2", "model.flavor=30B-A3B")  # Qwen3-30B-A3B, model=nki_moe
+HEADLINE = ("experiment=qwen3_30b_a3b_trn2", "model.flavor=30B-A3B")  # Qwen3-30B-A3B, either MoE route
 RANK_GIB = 23.812  # a trn2 rank's HBM at LNC=2 (devices.py)
 
 
@@ -68,7 +68,7 @@ def test_each_trainium_line_traces_and_the_estimate_agrees_where_it_decides(
 ):
     """Each README line that runs on a trn2 (but the Slurm examples), dry-run with memory=trace:
     accepted, and the headline
-    job (Qwen3-30B-A3B, model=nki_moe) at most 90% of a rank's HBM. Where memory=auto resolves to
+    job (Qwen3-30B-A3B, either MoE route and layout) at most 90% of a rank's HBM. Where memory=auto resolves to
     the estimate, memory=estimate is within 15% of the traced step peak."""
     import re
 

@@ -15,7 +15,9 @@ from qwen3_trainium.models.kernels import neuron
 from qwen3_trainium.parent import setup_neuron
 from qwen3_trainium.parent.preflight import stack
 
-GUIDE_MOE = ["experiment=qwen3_30b_a3b_trn2"]  # model=nki_moe, 30B-A3B, trn2_dp64, seq 4096, batch 1
+GUIDE_MOE = [
+    "experiment=qwen3_30b_a3b_trn2_nki_moe_dp64"
+]  # model=nki_moe, 30B-A3B, trn2_dp64, seq 4096, batch 1
 NEURON_STACK = {  # what AWS's SDK 2.33 DLAMI venv reports, with TorchTitan Neuron installed editable
     "torch": "2.14.0",
     "torchtitan": "0.2.2+neuron.1",
@@ -230,3 +232,65 @@ def test_a_missing_private_torch_seam_names_torch_not_torchtitan(monkeypatch):
         problems[0].message
     )
     assert "torch==2.14" in problems[0].fix and "float32 forward" in problems[0].message
+
+
+# Neuron SDK releases ----------------------------------------------------------------------------
+
+
+def test_the_installed_torch_neuronx_names_its_sdk_release():
+    from qwen3_trainium.config import neuron_sdk
+
+    assert neuron_sdk.release_of("2.14.3.1.20261130") is neuron_sdk.SDK_2_34
+    assert neuron_sdk.release_of("2.13.3.1") is neuron_sdk.SDK_2_34
+    assert neuron_sdk.release_of("2.14.3.0.1") is neuron_sdk.SDK_2_33
+    assert neuron_sdk.release_of("2.14.3") is None and neuron_sdk.release_of(None) is None
+    assert neuron_sdk.at_least(neuron_sdk.SDK_2_34, neuron_sdk.SDK_2_34)
+    assert not neuron_sdk.at_least(neuron_sdk.SDK_2_33, neuron_sdk.SDK_2_34)
+
+
+HEADLINE = ["experiment=qwen3_30b_a3b_trn2"]  # grouped_mm route, TP4 x FSDP16: varlen attention
+
+
+def test_the_grouped_mm_route_on_neuron_takes_torchtitans_varlen_attention():
+    assert resolve(*HEADLINE).model.attn_backend.value == "varlen"
+    assert resolve(*GUIDE_MOE).model.attn_backend.value == "sdpa"  # nki_moe: unchanged
+    assert resolve("device=neuron", "model=native").model.attn_backend.value == "sdpa"  # dense 0.6B
+    assert resolve("model=native", "model.flavor=tiny_moe").model.attn_backend.value == "sdpa"  # CPU
+
+
+def _release_check(monkeypatch, torch_neuronx, *overrides):
+    monkeypatch.setattr(stack, "installed", {**NEURON_STACK, "torch-neuronx": torch_neuronx}.get)
+    notes: list[str] = []
+    return stack.check_neuron_release(resolve(*overrides), notes), notes
+
+
+def test_varlen_attention_on_sdk_2_33_is_refused_with_the_upgrade_and_passes_on_2_34(monkeypatch):
+    problems, notes = _release_check(monkeypatch, "2.14.3.0.1", *HEADLINE)
+    assert [p.key for p in problems] == ["model.attn_backend"]
+    assert "SDK 2.34.0" in problems[0].message and "SDK 2.33 is installed" in problems[0].message
+    assert "torch-neuronx==2.14.*" in problems[0].fix and "model.attn_backend=sdpa" in problems[0].fix
+    assert any(n.startswith("WARNING model=native 30B-A3B on SDK 2.33") for n in notes)
+    problems, notes = _release_check(monkeypatch, "2.14.3.1.0", *HEADLINE)
+    assert problems == [] and notes[0].startswith("Neuron SDK 2.34.0")
+    assert any("ships TorchTitan Neuron 0.2.2+neuron.2" in n for n in notes)  # neuron.1 installed
+
+
+def test_sdk_2_33_keeps_running_the_nki_moe_job(monkeypatch):
+    problems, notes = _release_check(monkeypatch, "2.14.3.0.1", *GUIDE_MOE)
+    assert problems == [] and not any("WARNING" in n for n in notes)
+
+
+def test_flex_attention_is_refused_for_a_trace_it_cannot_run():
+    from qwen3_trainium.parent.preflight import run as runs
+
+    problems = runs.check_attention(resolve(*HEADLINE, "model.attn_backend=flex", "memory=trace"))
+    assert [p.key for p in problems] == ["model.attn_backend"] and "memory=estimate" in problems[0].fix
+    assert runs.check_attention(resolve(*HEADLINE, "model.attn_backend=flex", "memory=estimate")) == []
+
+
+def test_the_dlami_venvs_are_tried_newest_first(tmp_path):
+    for version in ("0", "10", "2"):
+        (tmp_path / f"aws_neuronx_venv_torch_neuronx_2_14_{version}").mkdir()
+    found = setup_neuron.dlami_venvs(str(tmp_path / "aws_neuronx_venv_torch_neuronx_2_14*"))
+    assert [p.rsplit("_", 1)[1] for p in found] == ["10", "2", "0"]
+    assert setup_neuron.dlami_venvs(str(tmp_path / "none*")) == [setup_neuron.DLAMI_VENV]

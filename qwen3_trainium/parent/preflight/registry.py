@@ -116,6 +116,10 @@ CHECKS: tuple[Check, ...] = (
     both("shard size", _of_run(checkpoint.check_shard_size)),
     Check("versions", full=_versions),
     Check("nki runtime", full=lambda p: stack.check_nki_runtime(p.run, launching=p.launching, notes=p.notes)),
+    Check(
+        "neuron release",
+        full=lambda p: stack.check_neuron_release(p.run, p.notes),
+    ),
     Check("notes", full=_notes),
     Check("torchtitan", full=lambda p: shape.check_built(p.run, p.run_dir, p.notes, p.facts), when=_clean),
 )

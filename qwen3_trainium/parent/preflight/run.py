@@ -19,20 +19,27 @@ def check_attention(run: RunConf) -> list[Problem]:
     reasons = {
         ("cpu", AttnBackend.flex): "FlexAttention has no backward on CPU",
         ("cpu", AttnBackend.varlen): "varlen attention needs CUDA flash attention",
-        ("neuron", AttnBackend.flex): "FlexAttention is compiled by Inductor, which does not target Neuron",
-        ("neuron", AttnBackend.varlen): "varlen attention needs CUDA flash attention",
-    }
+    }  # on Neuron both run from SDK 2.34 on: stack.check_neuron_release
     reason = reasons.get((device, backend))
-    if reason is None:
-        return []
-    return [
-        Problem(
-            "model.attn_backend",
-            backend.value,
-            f"{reason} (device.type={device})",
-            "model.attn_backend=sdpa (or auto)",
-        )
-    ]
+    if reason is not None:
+        return [
+            Problem(
+                "model.attn_backend",
+                backend.value,
+                f"{reason} (device.type={device})",
+                "model.attn_backend=sdpa (or auto)",
+            )
+        ]
+    if backend is AttnBackend.flex and run.memory.mode.value == "trace":
+        return [
+            Problem(
+                "model.attn_backend",
+                backend.value,
+                "memory=trace runs one step on fake CPU tensors, and FlexAttention has no backward on CPU",
+                "memory=estimate, or model.attn_backend=varlen (torchtitan's varlen attention traces)",
+            )
+        ]
+    return []
 
 
 def check_device(run: RunConf) -> list[Problem]:

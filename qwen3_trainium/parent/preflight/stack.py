@@ -5,25 +5,25 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from qwen3_trainium.config import seams
-from qwen3_trainium.config.schema import ModelPath, RunConf
+from qwen3_trainium.config import flavors, neuron_sdk, seams
+from qwen3_trainium.config.schema import AttnBackend, ModelPath, RunConf
 from qwen3_trainium.parent.preflight.problem import Problem
 
 # package -> (required, why); "=2.14" means any 2.14.x. torchtitan is judged by seams.torchtitan_kind.
 REQUIRED = {
     "torch": (
         "=2.14",
-        "torch-neuronx 2.14.x pairs with PyTorch 2.14 (SDK 2.33: 2.14.0); torchtitan needs >= 2.14",
+        "torch-neuronx 2.14.x pairs with PyTorch 2.14 (config/neuron_sdk.py); torchtitan needs >= 2.14",
     ),
     "torchtitan": ("=0.3.0", "upstream 0.3.0, or TorchTitan Neuron 0.2.2+neuron.* on Trainium"),
     "transformers": ("=5", "model=hf needs Transformers v5"),
     "hydra-core": ("=1.3", "version_base 1.3"),
 }
-# AWS's SDK 2.33 update command: torch-neuronx==2.14.*, neuronx-cc==2.*, nki.
+# AWS's update command (SDK 2.33 and 2.34 alike): torch-neuronx==2.14.*, neuronx-cc==2.*, nki.
 NEURON_REQUIRED = {
     "torch-neuronx": ("=2.14", "must match torch's major.minor"),
     "neuronx-cc": ("=2", "the Neuron compiler (bundles the NKI Library, nkilib)"),
-    "nki": ("", "NKI, its own package in SDK 2.33 (torch-neuronx imports it)"),
+    "nki": ("", "NKI, its own package since SDK 2.33 (torch-neuronx imports it)"),
 }
 RECORDED = ("omegaconf", "wandb", "tensorboard", "hydra-optuna-sweeper", "hydra-submitit-launcher")
 TITAN_FIX = (
@@ -152,3 +152,56 @@ def trainium_notes(run: RunConf) -> list[str]:
             "torchtitan: upstream 0.3.0 on Trainium; AWS's guide uses TorchTitan Neuron (0.2.2+neuron.*)"
         )
     return notes
+
+
+def _needs_2_34(run: RunConf) -> list[str]:
+    """What this run uses that AWS documents on Neuron from SDK 2.34 on (``config/neuron_sdk.py``)."""
+    if run.model.attn_backend is AttnBackend.varlen:
+        return ["torchtitan's varlen attention (torch.nn.attention.varlen.varlen_attn)"]
+    if run.model.attn_backend is AttnBackend.flex:
+        return ["FlexAttention"]
+    return []
+
+
+def grouped_mm_route(run: RunConf) -> bool:
+    """model=native with a MoE flavor: torchtitan's experts on ``torch._grouped_mm``."""
+    return run.model.path is ModelPath.native and run.model.flavor in flavors.MOE_FLAVORS
+
+
+def check_neuron_release(run: RunConf, notes: list[str]) -> list[Problem]:
+    """On device=neuron: the SDK release the installed torch-neuronx belongs to, and what of this
+    run needs 2.34. Refused on 2.33 only where AWS documents no support before 2.34 (attention);
+    the grouped_mm route is a warning there (2.33's recipes ran MoE on blockwise NKI kernels)."""
+    if run.device.type.value != "neuron":
+        return []
+    release = neuron_sdk.release_of(installed("torch-neuronx"))
+    needs, new = _needs_2_34(run), neuron_sdk.CURRENT
+    if release is None:
+        have = installed("torch-neuronx")
+        seen = f"torch-neuronx {have} is no release this project knows" if have else "torch-neuronx: not here"
+        needed = f"; this run needs SDK {new.sdk} for {', '.join(needs)}" if needs else ""
+        notes.append(f"Neuron SDK: {seen}{needed}")
+        return []
+    notes.append(f"Neuron SDK {release.sdk} (torch-neuronx {installed('torch-neuronx')}; {release.source})")
+    titan = installed("torchtitan") or ""
+    if titan.startswith("0.2.2+neuron") and titan != release.torchtitan_neuron:
+        notes.append(
+            f"torchtitan {titan} with SDK {release.sdk}, which ships TorchTitan Neuron "
+            f"{release.torchtitan_neuron}: {neuron_sdk.TITAN_UPGRADE}"
+        )
+    if neuron_sdk.at_least(release, new):
+        return []
+    if grouped_mm_route(run):
+        notes.append(
+            f"WARNING model=native {run.model.flavor} on SDK {release.sdk}: AWS runs MoE on "
+            f"torch._grouped_mm from SDK {new.sdk} ({new.source}); upgrade: {neuron_sdk.UPGRADE}"
+        )
+    return [
+        Problem(
+            "model.attn_backend",
+            run.model.attn_backend.value,
+            f"{what} works on Neuron from SDK {new.sdk} ({new.source}); SDK {release.sdk} is installed",
+            f"upgrade the Neuron venv: {neuron_sdk.UPGRADE}; or model.attn_backend=sdpa",
+        )
+        for what in needs
+    ]
