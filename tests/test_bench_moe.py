@@ -197,3 +197,20 @@ def test_cpu_bench_runs_both_routes_and_reports_their_numbers(tmp_path):
     md = (out / "bench_moe.md").read_text()
     assert "model=native device=cpu model.flavor=tiny_moe" in md and "model=nki_moe device=cpu" in md
     assert "| tokens/s |" in md and "grouped_mm / nki_moe" in proc.stdout
+
+
+def test_compile_cache_cold_is_a_new_empty_dir_and_warm_counts_the_configured_cache(tmp_path):
+    cold = moe.parse(["--device", "neuron", "--cold"])
+    extra, label = moe_facts.compile_cache(cold, [], tmp_path / "runs" / "1-nki_moe")
+    fresh = tmp_path / "runs" / "1-nki_moe-neff-cache"
+    assert extra == [f"device.compile_cache={fresh}"] and label == "cold (new, empty)"
+    assert fresh.is_dir() and not any(fresh.iterdir())
+    cache = tmp_path / "neff"
+    (cache / "MODULE_1").mkdir(parents=True)
+    given = [f"device.compile_cache={cache}"]
+    warm = moe.parse(["--device", "neuron"])
+    assert moe_facts.compile_cache(warm, given, tmp_path / "r") == ([], "cold (empty)")
+    (cache / "MODULE_1" / "model.neff").write_bytes(b"x")
+    (cache / "MODULE_1" / "model.done").write_bytes(b"")
+    assert moe_facts.compile_cache(warm, given, tmp_path / "r") == ([], "warm (2 files)")
+    assert moe_facts.compile_cache(moe.parse([]), given, tmp_path / "r") == ([], "n/a (CPU eager)")
