@@ -12,10 +12,12 @@ launch.py to its first metrics row, the end of step 1) and peak memory. Prints t
 ratios grouped_mm / nki_moe, and writes bench_moe.md and bench_moe.json to --out.
 
 - ``--device cpu`` (default): the smoke job on the tiny MoE (``model.flavor=tiny_moe smoke=on``).
-- ``--device neuron``: Qwen3-30B-A3B on one trn2.48xlarge, TP4 x FSDP16, seq 4096, batch 1.
+- ``--device neuron``: Qwen3-30B-A3B on one trn2.48xlarge, TP4 x FSDP16, seq 4096, batch 1
+  (``experiment=qwen3_30b_a3b_trn2`` against ``experiment=qwen3_30b_a3b_trn2_nki_moe``).
   ``--cold`` gives every run an empty Neuron compile cache (``device.compile_cache``).
-- ``--grouped-mm-job``/``--nki-moe-job "OVERRIDES"`` replace a route's job (e.g. an
-  ``experiment=``); positional overrides are added to both routes' jobs.
+- ``--grouped-mm-job``/``--nki-moe-job "OVERRIDES"`` replace a route's job (e.g. the FSDP-64
+  layout: ``experiment=qwen3_30b_a3b_trn2_dp64``, ``..._nki_moe_dp64``); positional overrides are
+  added to both routes' jobs.
 
     python bench/moe.py [--device cpu|neuron] [--rounds 2] [--steps N] [--cold] [--out DIR] [overrides ...]
 """
@@ -35,19 +37,16 @@ from bench import moe_report as report  # noqa: E402
 from bench.common import ROOT, abba, started_and_wall  # noqa: E402
 from qwen3_trainium.shared.contract import METRICS_NAME, read_metrics  # noqa: E402
 
-ROUTE_MODEL = {"grouped_mm": ["model=native"], "nki_moe": ["model=nki_moe"]}
+_TINY_SMOKE = ["device=cpu", "model.flavor=tiny_moe", "smoke=on"]
 JOBS = {
     # The smoke job (10 steps, batch 1; --steps sets the count) on the tiny MoE, on CPU wherever run.
-    "cpu": ["device=cpu", "model.flavor=tiny_moe", "smoke=on"],
-    # The headline job's layout as AWS's 2.34 recipes run it (issue 38: TP4 x FSDP16, seq 4096,
-    # batch 1, selective activation checkpointing), until its experiment= configs replace it.
-    "neuron": [
-        "model.flavor=30B-A3B",
-        "parallel=trn2_tp4_fsdp16",
-        "training.seq_len=4096",
-        "training.local_batch_size=1",
-        "activation_checkpoint.mode=selective",
-    ],
+    "cpu": {"grouped_mm": ["model=native", *_TINY_SMOKE], "nki_moe": ["model=nki_moe", *_TINY_SMOKE]},
+    # The headline job as AWS's 2.34 recipes run it (Qwen3-30B-A3B, TP4 x FSDP16, seq 4096, batch 1,
+    # selective activation checkpointing) and the same job on the blockwise NKI route.
+    "neuron": {
+        "grouped_mm": ["experiment=qwen3_30b_a3b_trn2"],
+        "nki_moe": ["experiment=qwen3_30b_a3b_trn2_nki_moe"],
+    },
 }
 # (rounds, steps, warm-up steps): on Neuron step 2 may still compile (the backward's graphs).
 DEFAULTS = {"cpu": (2, 5, 1), "neuron": (2, 20, 2)}
@@ -87,7 +86,7 @@ def jobs(args: argparse.Namespace) -> dict[str, list[str]]:
     given = {"grouped_mm": args.grouped_mm_job, "nki_moe": args.nki_moe_job}
     out = {}
     for route in report.ROUTES:
-        own = shlex.split(given[route]) if given[route] else [*ROUTE_MODEL[route], *JOBS[args.device]]
+        own = shlex.split(given[route]) if given[route] else JOBS[args.device][route]
         out[route] = [*own, "tracking=off", f"training.steps={args.steps}", *args.overrides]
     return out
 

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, compose_cfg
+from omegaconf import OmegaConf
 
 from bench import moe, moe_facts
 from bench import moe_report as report
@@ -104,11 +105,30 @@ def test_jobs_differ_only_in_the_model_and_extras_reach_both():
         "training.seed=7",
     ]
     assert jobs == {"grouped_mm": ["model=native", *rest], "nki_moe": ["model=nki_moe", *rest]}
-    neuron = moe.jobs(
-        moe.parse(["--device", "neuron", "--nki-moe-job", "experiment=qwen3_30b_a3b_trn2_nki_moe"])
-    )
-    assert neuron["nki_moe"][0] == "experiment=qwen3_30b_a3b_trn2_nki_moe"
-    assert neuron["grouped_mm"][:3] == ["model=native", "model.flavor=30B-A3B", "parallel=trn2_tp4_fsdp16"]
+    neuron = moe.jobs(moe.parse(["--device", "neuron", "--nki-moe-job", "experiment=x model.flavor=y"]))
+    assert neuron["grouped_mm"] == ["experiment=qwen3_30b_a3b_trn2", "tracking=off", "training.steps=20"]
+    assert neuron["nki_moe"] == ["experiment=x", "model.flavor=y", "tracking=off", "training.steps=20"]
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"], ids=["cpu_job", "trn2_job"])
+def test_both_routes_default_jobs_compose_to_the_same_job(device):
+    """What issue 38 asks the routes to share: flavor, seq_len, batch, steps, seed, data, layout."""
+    composed = {
+        route: OmegaConf.to_container(compose_cfg(*job), resolve=False, enum_to_str=True)
+        for route, job in moe.jobs(moe.parse(["--device", device])).items()
+    }
+    grouped, nki = composed["grouped_mm"], composed["nki_moe"]
+    assert (grouped["model"]["path"], nki["model"]["path"]) == ("native", "nki_moe")
+    assert moe_facts.job_differences(grouped, nki) == []
+    expected = {"cpu": ("tiny_moe", 256, 1), "neuron": ("30B-A3B", 4096, 1)}[device]
+    assert (
+        grouped["model"]["flavor"],
+        grouped["training"]["seq_len"],
+        grouped["training"]["local_batch_size"],
+    ) == expected
+    if device == "neuron":  # AWS's layout: TP4 x FSDP16 (FSDP over the rest), selective AC
+        assert grouped["parallel"]["tensor_parallel_degree"] == 4
+        assert grouped["activation_checkpoint"]["mode"] == "selective"
 
 
 def test_runs_are_interleaved_abba(monkeypatch, tmp_path):
@@ -174,7 +194,7 @@ def test_the_mfu_peak_named_on_neuron_is_158_tflops_per_rank_at_lnc_2():
 def test_cpu_bench_runs_both_routes_and_reports_their_numbers(tmp_path):
     out = tmp_path / "report"
     proc = subprocess.run(
-        [sys.executable, "bench/moe.py", "--rounds", "1", "--steps", "3", "--out", str(out)],
+        [sys.executable, "bench/moe.py", "--rounds", "1", "--steps", "2", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -183,7 +203,7 @@ def test_cpu_bench_runs_both_routes_and_reports_their_numbers(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "bench_moe.json").read_text())
     assert sorted(run["route"] for run in result["runs"]) == ["grouped_mm", "nki_moe"]
-    steady = {}  # the oracle: each run's own metrics.jsonl, steps 2 and 3
+    steady = {}  # the oracle: each run's own metrics.jsonl after step 1
     for run in result["runs"]:
         rows = [
             json.loads(line) for line in (Path(run["run_dir"]) / "metrics.jsonl").read_text().splitlines()
