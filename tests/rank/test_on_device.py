@@ -166,6 +166,16 @@ def test_smoke_on_64_ranks(path, smoke_runs, tmp_path_factory, device_report):
 
 
 @pytest.mark.neuron
+def test_smoke_of_the_grouped_mm_route_on_the_headline_layout(smoke_runs, tmp_path_factory, device_report):
+    """AWS's SDK 2.34 MoE route: model=native Qwen3-30B-A3B on torch._grouped_mm, TP4 x FSDP16,
+    torchtitan's varlen attention (the headline experiment, 10 steps)."""
+    result = _smoke(tmp_path_factory, smoke_runs, "grouped_mm", "native", "experiment=qwen3_30b_a3b_trn2")
+    last = _check_smoke(result)
+    check = "smoke grouped_mm route (experiment=qwen3_30b_a3b_trn2), 10 steps batch 1, 64 ranks"
+    device_report.add("neuron", check, _smoke_figure(last))
+
+
+@pytest.mark.neuron
 def test_hbm_estimate_against_the_drivers_per_core_peak(smoke_runs, tmp_path_factory, device_report):
     """Rank 0's driver peak (its physical cores summed) against pre-flight's estimate: what the
     device used beyond the estimate must fit in the 10% of a rank pre-flight passes silently
