@@ -151,7 +151,9 @@ def test_an_moe_layout_with_dense_layers_is_refused_naming_the_field(field, valu
         (
             "Qwen/Qwen3-30B-A3B",
             16,
-            ["experiment=qwen3_30b_a3b_trn2_nki_moe_dp64"],  # the 2.33-era job: model=nki_moe, 30B-A3B, trn2_dp64
+            [
+                "experiment=qwen3_30b_a3b_trn2_nki_moe_dp64"
+            ],  # the 2.33-era job: model=nki_moe, 30B-A3B, trn2_dp64
             18867,
         ),
         (
