@@ -26,12 +26,19 @@ BF16 = [
     "checkpoint=hf_export",
     "tracking=off",
 ]
-PATHS = {
-    "native": [],
-    "nki_moe": [],
-    "hf": ["checkpoint.export_dtype=bfloat16"],  # the Hub's dtype: weights rounded on both sides
+PATHS = {  # name -> its model overrides
+    "native": ["model=native"],
+    # AWS's SDK 2.34 MoE route: torchtitan's experts on torch._grouped_mm in bfloat16, as on Neuron
+    "grouped_mm": ["model=native", "model.flavor=tiny_moe"],
+    "nki_moe": ["model=nki_moe"],
+    "hf": ["model=hf", "checkpoint.export_dtype=bfloat16"],  # the Hub's dtype: weights rounded on both sides
 }
-CHANGE = {"native": "swapped_query_heads", "hf": "swapped_query_heads", "nki_moe": "swapped_experts"}
+CHANGE = {
+    "native": "swapped_query_heads",
+    "hf": "swapped_query_heads",
+    "nki_moe": "swapped_experts",
+    "grouped_mm": "swapped_experts",
+}
 
 
 def _export_line(stdout: str) -> str:
@@ -67,7 +74,7 @@ def smoke(tmp_path_factory):
     def run(path):
         if path not in runs:
             run_dir = tmp_path_factory.mktemp(f"bf16-{path}") / "run"
-            overrides = [f"model={path}", *BF16, *PATHS[path], "eval=on"]
+            overrides = [*PATHS[path], *BF16, "eval=on"]
             runs[path] = (run_launch(*overrides, f"hydra.run.dir={run_dir}"), run_dir, overrides)
         return runs[path]
 

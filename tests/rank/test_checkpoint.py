@@ -153,10 +153,12 @@ RESUME = [
 
 @pytest.mark.slow
 @pytest.mark.heavy
-@pytest.mark.parametrize("model", ["native", "nki_moe"])  # nki_moe: the experts in the fused layout
+@pytest.mark.parametrize(  # nki_moe: the experts in the fused layout; native MoE: on torch._grouped_mm
+    "model", ["native", "nki_moe", "native model.flavor=tiny_moe"]
+)
 def test_kill_and_resume_ends_where_an_uninterrupted_run_ends(model, tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    resume = [f"model={model}", *RESUME]
+    resume = [f"model={model.split()[0]}", *model.split()[1:], *RESUME]
     proc = run_launch(*resume, f"hydra.run.dir={straight}")
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -183,12 +185,13 @@ def test_kill_and_resume_ends_where_an_uninterrupted_run_ends(model, tmp_path):
     assert any(k.startswith("rng") for k in saved)  # every rank's RNG streams are in the checkpoint
     # the same folder cannot be resumed by another model (nki_moe: the same model, experts in
     # torchtitan's layout: the message names the conversion)
-    other = "model.flavor=tiny_moe" if model == "native" else "model.kernels=[rope_hf]"
-    problems = preflight.check(
-        resolve(f"model={model}", other, "checkpoint=resume"), str(killed), launching=False
-    )
+    other = {
+        "native": ["model=native", "model.flavor=tiny_moe"],
+        "nki_moe": ["model=nki_moe", "model.kernels=[rope_hf]"],
+    }.get(model, ["model=native", "model.flavor=tiny"])
+    problems = preflight.check(resolve(*other, "checkpoint=resume"), str(killed), launching=False)
     assert [p.key for p in problems] == ["checkpoint.folder"]
-    if model == "native":
+    if model.startswith("native"):
         assert "holds a different model" in problems[0].message
     else:
         assert "qwen3_trainium.convert_experts" in problems[0].fix and "--to torchtitan" in problems[0].fix
