@@ -10,7 +10,7 @@ import os
 import shutil
 import socket
 
-from qwen3_trainium.config import devices, nodes, seams
+from qwen3_trainium.config import devices, neuron_sdk, nodes, seams
 from qwen3_trainium.config.schema import RunConf
 from qwen3_trainium.parent.preflight import network
 from qwen3_trainium.parent.preflight.stack import installed, versions
@@ -71,6 +71,21 @@ def _torchtitan_lines(run: RunConf) -> list[tuple[bool | None, str]]:
     return lines
 
 
+def neuron_sdk_line() -> tuple[bool | None, str]:
+    """Which Neuron SDK release the installed torch-neuronx is (``config/neuron_sdk.py``): green on
+    the current one, neutral on 2.33 (it runs every job but those needing 2.34), red when unknown."""
+    have = installed("torch-neuronx")
+    release, current = neuron_sdk.release_of(have), neuron_sdk.CURRENT
+    if release is current:
+        return True, f"Neuron SDK {release.sdk} (torch-neuronx {have}; {release.source})"
+    if release is not None:
+        return None, (
+            f"Neuron SDK {release.sdk} (torch-neuronx {have}); {current.sdk} is current (grouped_mm MoE, "
+            f"varlen and flex attention on Neuron): {neuron_sdk.UPGRADE}"
+        )
+    return False, f"Neuron SDK: torch-neuronx {have or 'not installed'} is no release this project knows"
+
+
 def report(run: RunConf, launch_dir: str, tty: bool) -> tuple[bool, str]:
     """(all green, the report)."""
     lines: list[tuple[bool | None, str]] = []
@@ -94,6 +109,8 @@ def report(run: RunConf, launch_dir: str, tty: bool) -> tuple[bool, str]:
         lines.append((os.access(parent, os.W_OK), f"compile cache: {cache}"))
     problems, table = versions(run, launching=wanted == "neuron")
     lines.append((not problems, "versions:\n" + table))
+    if wanted == "neuron" or detected == "neuron":
+        lines.append(neuron_sdk_line())
     lines += _torchtitan_lines(run)
     if wanted == "neuron" or detected == "neuron":
         from qwen3_trainium.models.kernels import neuron

@@ -294,3 +294,19 @@ def test_the_dlami_venvs_are_tried_newest_first(tmp_path):
     found = setup_neuron.dlami_venvs(str(tmp_path / "aws_neuronx_venv_torch_neuronx_2_14*"))
     assert [p.rsplit("_", 1)[1] for p in found] == ["10", "2", "0"]
     assert setup_neuron.dlami_venvs(str(tmp_path / "none*")) == [setup_neuron.DLAMI_VENV]
+
+
+@pytest.mark.parametrize(
+    ("torch_neuronx", "good", "words"),
+    [
+        ("2.14.3.1.0", True, "Neuron SDK 2.34.0 (torch-neuronx 2.14.3.1.0;"),
+        ("2.14.3.0.1", None, "Neuron SDK 2.33 (torch-neuronx 2.14.3.0.1); 2.34.0 is current"),
+        ("2.14.2.9", False, "2.14.2.9 is no release this project knows"),
+        (None, False, "not installed"),
+    ],
+)
+def test_the_doctor_names_the_neuron_sdk_release(monkeypatch, torch_neuronx, good, words):
+    from qwen3_trainium.parent import doctor
+
+    monkeypatch.setattr(doctor, "installed", {"torch-neuronx": torch_neuronx}.get)
+    assert doctor.neuron_sdk_line()[0] is good and words in doctor.neuron_sdk_line()[1]
