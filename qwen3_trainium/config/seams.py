@@ -11,7 +11,8 @@ A seam is ``module:qualname`` plus, optionally, dataclass fields the object must
 name its source must mention (an attribute set in ``__init__``, invisible on the class).
 Private ones (a ``_name``, the device globals, ``torchtitan.experiments``) are nobody's promise;
 they are marked so. ``needed_by`` says which runs need a seam: ``all``, a model path
-(``native``, ``hf``, ``nki_moe``), a device (``cpu``), or ``trace`` (``memory=trace``).
+(``native``, ``hf``, ``nki_moe``), a device (``cpu``), ``trace`` (``memory=trace``), or
+``grouped_mm`` (``native`` with a MoE flavor).
 """
 
 from __future__ import annotations
@@ -180,6 +181,15 @@ SEAMS: tuple[Seam, ...] = (
          ("nki_moe",)),
     Seam("torchtitan.models.qwen3.state_dict_adapter:Qwen3StateDictAdapter", "moe_experts: HF keys in and out",
          ("nki_moe",), mentions="inner_experts.w1_EFD"),
+    # model=native with a MoE flavor, AWS's SDK 2.34 route: torchtitan's experts on torch._grouped_mm, as they
+    # are (nothing of ours between them on Neuron); the export probe's float32 experts (overrides/experts.py)
+    # and the HF adapter read their three weights by name.
+    Seam("torchtitan.models.common.moe:GroupedExperts._grouped_mm", "the grouped_mm route's GEMMs", ("grouped_mm",)),
+    Seam("torchtitan.models.common.moe:GroupedExperts", "the grouped_mm route: the float32 probe's experts",
+         ("grouped_mm",), mentions="w2_EDF"),
+    Seam("torch:_grouped_mm", "the grouped_mm route's GEMMs (torchtitan's experts call it)", ("grouped_mm",)),
+    Seam("torchtitan.models.qwen3.state_dict_adapter:Qwen3StateDictAdapter", "the grouped_mm route: HF keys in and out",
+         ("grouped_mm",), mentions="inner_experts.w1_EFD"),
     # model=hf: torchtitan's transformers modeling backend (an experiment upstream).
     Seam("torchtitan.experiments.transformers_modeling_backend:model_registry", "model=hf", ("hf",)),
     Seam("torchtitan.experiments.transformers_modeling_backend:TitanModelConfig", "model=hf", ("hf",)),
@@ -229,8 +239,10 @@ def probe(seam: Seam) -> str | None:
     return None
 
 
-def needed(path: str, device: str, memory: str = "estimate") -> list[Seam]:
+def needed(path: str, device: str, memory: str = "estimate", moe: bool = False) -> list[Seam]:
+    """The seams a run needs: ``moe`` is a MoE flavor, whose ``native`` path is the grouped_mm route."""
     scope = {"all", path, device} | ({"trace"} if memory == "trace" else set())
+    scope |= {"grouped_mm"} if moe and path == "native" else set()
     return [seam for seam in SEAMS if scope & set(seam.needed_by)]
 
 

@@ -10,7 +10,7 @@ import os
 import shutil
 import socket
 
-from qwen3_trainium.config import devices, neuron_sdk, nodes, seams
+from qwen3_trainium.config import devices, flavors, neuron_sdk, nodes, seams
 from qwen3_trainium.config.schema import RunConf
 from qwen3_trainium.parent.preflight import network
 from qwen3_trainium.parent.preflight.stack import installed, versions
@@ -57,7 +57,13 @@ def _torchtitan_lines(run: RunConf) -> list[tuple[bool | None, str]]:
         return lines
     missing = dict((seam.name, error) for seam, error in seams.missing())
     needed = {
-        seam.name for seam in seams.needed(run.model.path.value, run.device.type.value, run.memory.mode.value)
+        seam.name
+        for seam in seams.needed(
+            run.model.path.value,
+            run.device.type.value,
+            run.memory.mode.value,
+            moe=run.model.flavor in flavors.MOE_FLAVORS,
+        )
     }
     private = sum(seam.is_private for seam in seams.SEAMS)
     lines.append(

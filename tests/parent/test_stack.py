@@ -310,3 +310,22 @@ def test_the_doctor_names_the_neuron_sdk_release(monkeypatch, torch_neuronx, goo
 
     monkeypatch.setattr(doctor, "installed", {"torch-neuronx": torch_neuronx}.get)
     assert doctor.neuron_sdk_line()[0] is good and words in doctor.neuron_sdk_line()[1]
+
+
+def test_the_grouped_mm_routes_seams_are_needed_by_it_alone(neuron_stack, dry_run, monkeypatch, tmp_path):
+    """A torchtitan whose experts no longer go through ``_grouped_mm`` fails the headline's dry run
+    naming the seam; the nki_moe job, which does not use it, passes."""
+    from torchtitan.models.common.moe import GroupedExperts
+
+    grouped = {s.name for s in seams.needed("native", "neuron", moe=True)}
+    assert (
+        "torchtitan.models.common.moe.GroupedExperts._grouped_mm" in grouped
+        and "torch._grouped_mm" in grouped
+    )
+    assert "torch._grouped_mm" not in {s.name for s in seams.needed("native", "neuron", moe=False)}  # dense
+    assert "torch._grouped_mm" not in {s.name for s in seams.needed("nki_moe", "neuron", moe=True)}
+    monkeypatch.delattr(GroupedExperts, "_grouped_mm")
+    result, _, err = dry_run(ROOT, tmp_path / "a", *HEADLINE)
+    assert result == ("failed", 2) and "GroupedExperts._grouped_mm is missing" in err
+    result, _, err = dry_run(ROOT, tmp_path / "b", *GUIDE_MOE)
+    assert result == ("dry_run", 0), err

@@ -108,9 +108,10 @@ def check_seams(run: RunConf) -> list[Problem]:
     """Every torchtitan seam this run relies on, and the private torch state it reaches into, by
     name (a fork or a torch that lacks one fails here)."""
     problems = []
-    needed = seams.needed(run.model.path.value, run.device.type.value, run.memory.mode.value)
+    moe = run.model.flavor in flavors.MOE_FLAVORS
+    needed = seams.needed(run.model.path.value, run.device.type.value, run.memory.mode.value, moe=moe)
     for seam, error in seams.missing(needed):
-        package = "torch" if seam.target.startswith("torch.") else "torchtitan"
+        package = "torch" if seam.target.partition(":")[0].split(".")[0] == "torch" else "torchtitan"
         message = f"{package} seam {seam.name} is missing ({error}); used by {seam.uses}"
         fix = TORCH_FIX if package == "torch" else TITAN_FIX
         problems.append(Problem(f"versions.{package}", installed(package), message, fix))
