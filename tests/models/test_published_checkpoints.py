@@ -148,14 +148,9 @@ def test_an_moe_layout_with_dense_layers_is_refused_naming_the_field(field, valu
 @pytest.mark.parametrize(
     ("model", "shards", "overrides", "tensors"),
     [
-        (
-            "Qwen/Qwen3-30B-A3B",
-            16,
-            [
-                "experiment=qwen3_30b_a3b_trn2_nki_moe_dp64"
-            ],  # the 2.33-era job: model=nki_moe, 30B-A3B, trn2_dp64
-            18867,
-        ),
+        # the 2.33-era job (model=nki_moe, trn2_dp64) and the headline (model=native on torch._grouped_mm, TP4 x FSDP16)
+        ("Qwen/Qwen3-30B-A3B", 16, ["experiment=qwen3_30b_a3b_trn2_nki_moe_dp64"], 18867),
+        ("Qwen/Qwen3-30B-A3B", 16, ["experiment=qwen3_30b_a3b_trn2"], 18867),
         (
             "Qwen/Qwen3-8B",
             5,
