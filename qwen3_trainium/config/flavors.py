@@ -12,6 +12,14 @@ from functools import partial
 
 TINY_FLAVORS = ("tiny", "tiny_moe")
 MOE_FLAVORS = ("tiny_moe", "debugmodel_moe", "30B-A3B", "235B-A22B", "235B-A22B-2507")
+
+
+def grouped_mm_route(path: str, flavor: str) -> bool:
+    """model=native with a MoE flavor: torchtitan's own experts on ``torch._grouped_mm``, AWS's MoE
+    route from Neuron SDK 2.34 (``config/neuron_sdk.py``)."""
+    return path == "native" and flavor in MOE_FLAVORS
+
+
 # Flavors of published checkpoints whose RoPE base differs from torchtitan's flavor of that shape
 # (the config.json on the Hub): name -> (torchtitan flavor, rope_theta).
 # - Qwen/Qwen3-235B-A22B has rope_theta 1e6; torchtitan's "235B-A22B" uses 5e6, the value of the

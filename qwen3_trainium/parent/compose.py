@@ -102,8 +102,8 @@ def _auto_attention(run: RunConf, device: str) -> AttnBackend:
     ("torch.nn.attention.varlen.varlen_attn") that the memory trace can also run on CPU."""
     if device == "cuda":
         return AttnBackend.flex
-    moe = run.model.path is ModelPath.native and run.model.flavor in flavors.MOE_FLAVORS
-    return AttnBackend.varlen if device == "neuron" and moe else AttnBackend.sdpa
+    grouped_mm = flavors.grouped_mm_route(run.model.path.value, run.model.flavor)
+    return AttnBackend.varlen if device == "neuron" and grouped_mm else AttnBackend.sdpa
 
 
 def _resolve_compile(run: RunConf) -> None:

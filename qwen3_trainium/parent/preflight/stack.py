@@ -164,26 +164,20 @@ def _needs_2_34(run: RunConf) -> list[str]:
     return []
 
 
-def grouped_mm_route(run: RunConf) -> bool:
-    """model=native with a MoE flavor: torchtitan's experts on ``torch._grouped_mm``."""
-    return run.model.path is ModelPath.native and run.model.flavor in flavors.MOE_FLAVORS
-
-
 def check_neuron_release(run: RunConf, notes: list[str]) -> list[Problem]:
     """On device=neuron: the SDK release the installed torch-neuronx belongs to, and what of this
     run needs 2.34. Refused on 2.33 only where AWS documents no support before 2.34 (attention);
     the grouped_mm route is a warning there (2.33's recipes ran MoE on blockwise NKI kernels)."""
     if run.device.type.value != "neuron":
         return []
-    release = neuron_sdk.release_of(installed("torch-neuronx"))
-    needs, new = _needs_2_34(run), neuron_sdk.CURRENT
+    have = installed("torch-neuronx")
+    release, needs, new = neuron_sdk.release_of(have), _needs_2_34(run), neuron_sdk.CURRENT
     if release is None:
-        have = installed("torch-neuronx")
         seen = f"torch-neuronx {have} is no release this project knows" if have else "torch-neuronx: not here"
         needed = f"; this run needs SDK {new.sdk} for {', '.join(needs)}" if needs else ""
         notes.append(f"Neuron SDK: {seen}{needed}")
         return []
-    notes.append(f"Neuron SDK {release.sdk} (torch-neuronx {installed('torch-neuronx')}; {release.source})")
+    notes.append(f"Neuron SDK {release.sdk} (torch-neuronx {have}; {release.source})")
     titan = installed("torchtitan") or ""
     if titan.startswith("0.2.2+neuron") and titan != release.torchtitan_neuron:
         notes.append(
@@ -192,7 +186,7 @@ def check_neuron_release(run: RunConf, notes: list[str]) -> list[Problem]:
         )
     if neuron_sdk.at_least(release, new):
         return []
-    if grouped_mm_route(run):
+    if flavors.grouped_mm_route(run.model.path.value, run.model.flavor):
         notes.append(
             f"WARNING model=native {run.model.flavor} on SDK {release.sdk}: AWS runs MoE on "
             f"torch._grouped_mm from SDK {new.sdk} ({new.source}); upgrade: {neuron_sdk.UPGRADE}"
