@@ -195,6 +195,12 @@ class EvalConf:
     steps: int = 8  # batches per validation (never -1: ranks that disagree on -1 can hang)
     sample_prompts: list[str] = field(default_factory=lambda: list(DEFAULT_SAMPLE_PROMPTS))
     sample_tokens: int = 24  # greedy tokens per prompt at the end (0: no samples)
+    # A synthetic passkey check after training (rank/passkey.py): a random key hidden at each depth
+    # of a filler text long_context_length tokens long (0: training.seq_len), the model asked for it.
+    long_context: bool = False
+    long_context_length: int = 0
+    long_context_depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    long_context_trials: int = 2  # keys per depth
 
 
 @dataclass

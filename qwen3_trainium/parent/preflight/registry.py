@@ -16,7 +16,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from qwen3_trainium.config.schema import RunConf
-from qwen3_trainium.parent.preflight import chat, checkpoint, data, heldout, model, peft, ranges, shape, stack
+from qwen3_trainium.parent.preflight import (
+    chat,
+    checkpoint,
+    context,
+    data,
+    heldout,
+    model,
+    peft,
+    ranges,
+    rope,
+    shape,
+    stack,
+)
 from qwen3_trainium.parent.preflight import run as runs
 from qwen3_trainium.parent.preflight.problem import Problem
 
@@ -90,6 +102,8 @@ CHECKS: tuple[Check, ...] = (
     both("attention", _of_run(runs.check_attention)),
     both("compile", _of_run(runs.check_compile)),
     both("ranges", _of_run(ranges.check_ranges)),
+    both("rope", _of_run(rope.check_rope)),
+    both("context parallel", _of_run(context.check_context_parallel)),
     both("override imports", _of_run(runs.check_override_imports)),
     both("world size", _of_run(runs.check_world_size)),
     both("nodes", lambda p: runs.check_nodes(p.run, launching=p.launching)),
