@@ -51,7 +51,17 @@ JSONL_KEYS = {
     "validation_metrics/loss": "val_loss",
     VAL_PERPLEXITY: "val_perplexity",
 }
+# eval.long_context: rank/passkey.py's figures, "passkey/accuracy" -> "passkey_accuracy",
+# "passkey/depth_0.5" -> "passkey_depth_0.5", logged once after the last step
+PASSKEY_PREFIX = "passkey/"
 WARN_FRACTION = 0.9
+
+
+def jsonl_key(key: str) -> str | None:
+    """The metrics.jsonl name of a torchtitan metric key, or None when it is not written."""
+    if key.startswith(PASSKEY_PREFIX):
+        return "passkey_" + key.removeprefix(PASSKEY_PREFIX)
+    return JSONL_KEYS.get(key)
 
 
 class JsonlLogger(BaseLogger):
@@ -62,8 +72,9 @@ class JsonlLogger(BaseLogger):
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         row: dict[str, Any] = {"step": step, "time": time.time()}
-        for key, name in JSONL_KEYS.items():
-            if key not in metrics or (name == "mfu_pct" and not self._report_mfu):
+        for key in metrics:
+            name = jsonl_key(key)
+            if name is None or (name == "mfu_pct" and not self._report_mfu):
                 continue
             value = metrics[key]
             row[name] = float(value) if isinstance(value, (int, float)) else value
@@ -185,6 +196,13 @@ class JsonlMetricsProcessor(MetricsProcessor):
         extra = dict(extra_metrics or {})
         extra[VAL_PERPLEXITY] = math.exp(min(float(loss), 700.0))
         super().log_validation(loss=loss, step=step, extra_metrics=extra)
+
+    def log_passkey(self, figures: dict[str, float], step: int) -> None:
+        """eval.long_context's accuracy (``passkey.metrics``) to every logger, at the last step."""
+        self.logger.log(dict(figures), step)
+        logger.info(
+            "passkey: " + ", ".join(f"{k.removeprefix(PASSKEY_PREFIX)} {v:.2f}" for k, v in figures.items())
+        )
 
     def _build_metric_logger(self, *, config: Config, parallel_dims, pp_schedule: str, **kw):
         base = super()._build_metric_logger(

@@ -73,10 +73,12 @@ def greedy(
     eos: list[int],
     agree: Callable | None = None,
     margins: list[float] | None = None,
+    stop: Callable | None = None,
 ) -> list[int]:
     """Up to ``steps`` greedy ids after ``prompt_ids``; ``logits([1, L] ids) -> [1, L, vocab]``.
     ``agree`` makes every rank continue with the same id (rank 0's); ``margins`` receives each
-    step's best logit minus the second best (how near a tie the choice was)."""
+    step's best logit minus the second best (how near a tie the choice was); ``stop(ids)`` ends
+    the sample early once true of the ids so far (judged on the agreed ids: every rank stops)."""
     import torch
 
     out: list[int] = []
@@ -87,7 +89,7 @@ def greedy(
             top = last.topk(2).values if last.numel() > 1 else last.repeat(2)
             margins.append(float(top[0] - top[1]))
         out.append(agree(token) if agree is not None else token)
-        if out[-1] in eos:
+        if out[-1] in eos or (stop is not None and stop(out)):
             break
     return out
 
