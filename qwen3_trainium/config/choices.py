@@ -19,6 +19,15 @@ class AttnBackend(Enum):
     causal = "causal"  # causal SDPA over the whole row, no document masks: unpacked data only
 
 
+class RopeType(Enum):
+    """``model.rope_scaling.rope_type``: Hugging Face's ``rope_parameters["rope_type"]`` values that
+    Qwen3 uses (transformers ``modeling_rope_utils.py`` ``ROPE_INIT_FUNCTIONS``)."""
+
+    auto = "auto"  # the HF checkpoint's own (config.json), else default
+    default = "default"  # plain RoPE, no scaling
+    yarn = "yarn"  # YaRN (Qwen3's documented recipe past 32,768 tokens)
+
+
 class DataFormat(Enum):
     """What the records are (``data/chat/records.py``): plain text, or chat in one of four formats."""
 

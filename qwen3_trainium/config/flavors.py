@@ -31,10 +31,14 @@ PUBLISHED_FLAVORS = {
     "4B-Instruct-2507": ("4B", 5e6),
 }
 # The tiny flavor's dimensions; make_assets saves an HF Qwen3 of the same shape for model=hf.
+# max_seq_len is every published Qwen3's max_position_embeddings, 40960 (Qwen3-8B, Qwen3-30B-A3B
+# config.json, tests/support/published_configs.py), as torchtitan 0.3.0's real Qwen3 flavors.
 TINY_DIMS = dict(
     vocab=512, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, hidden=768,
-    max_seq_len=4096, rope_theta=1e6,
+    max_seq_len=40960, rope_theta=1e6,
 )  # fmt: skip
+QWEN3_TABLE = 40960  # torchtitan 0.3.0 models/qwen3/__init__.py: every Qwen3 flavor but debugmodel*
+DEBUG_TABLE = 4096  # torchtitan's debugmodel and debugmodel_moe
 # tiny_moe: the same attention, every layer an MoE of 8 experts, top-2 (Qwen3-MoE routing).
 TINY_MOE_DIMS = dict(num_experts=8, top_k=2, moe_hidden=256)
 
@@ -47,6 +51,14 @@ def titan_flavors() -> tuple[str, ...]:
 
 def all_flavors() -> tuple[str, ...]:
     return TINY_FLAVORS + titan_flavors() + tuple(k for k in PUBLISHED_FLAVORS if k not in titan_flavors())
+
+
+def rope_table(flavor: str) -> int:
+    """The flavor's RoPE table size (its max_position_embeddings) without importing torchtitan;
+    tests/models/test_rope_config.py holds it against every flavor's built spec."""
+    if flavor in TINY_FLAVORS:
+        return TINY_DIMS["max_seq_len"]
+    return DEBUG_TABLE if flavor.startswith("debugmodel") else QWEN3_TABLE
 
 
 def default_flavor(device_type: str, moe: bool = False) -> str:

@@ -32,10 +32,24 @@ from qwen3_trainium.config.choices import (
     Progress,
     RdzvBackend,
     ReshardAfterForward,
+    RopeType,
     WandbMode,
 )
 
 MISSING = "???"  # omegaconf.MISSING's value: a required field (ranks import no omegaconf)
+
+
+@dataclass
+class RopeScalingConf:
+    """Hugging Face's ``rope_parameters`` / ``rope_scaling`` (docs/long_context.md). None: the
+    checkpoint's value, else Transformers' default (``modeling_rope_utils._compute_yarn_parameters``)."""
+
+    rope_type: RopeType = RopeType.auto
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None  # required for yarn (Qwen3: 32768)
+    attention_factor: float | None = None  # None: 0.1 * ln(factor) + 1, as Transformers
+    beta_fast: float | None = None  # None: 32
+    beta_slow: float | None = None  # None: 1
 
 
 @dataclass
@@ -53,6 +67,12 @@ class ModelConf:
     # dtype (training.mixed_precision_param: float32 on CPU, where a CPU without BF16 instructions
     # emulates bfloat16 matmuls and the HF export must match float32 Transformers).
     moe_compute_dtype: ParamDtype = ParamDtype.auto
+    # The longest position the model is trained for (config.json's max_position_embeddings).
+    # -1: the HF checkpoint's (model=hf, or fine-tuning from an HF directory), else the flavor's
+    # RoPE table (40960 for every Qwen3 flavor, as every published Qwen3 config.json); with YaRN
+    # and no checkpoint value of its own: original_max_position_embeddings x factor.
+    max_position_embeddings: int = -1
+    rope_scaling: RopeScalingConf = field(default_factory=RopeScalingConf)
 
 
 @dataclass

@@ -239,11 +239,19 @@ def ensure_hf_model() -> Path:
 
 
 def _with_template(model_dir: Path) -> None:
-    """A tiny model made before the chat template shipped gets it (its tokenizer is the same)."""
+    """A tiny model made before the chat template shipped gets it (its tokenizer is the same), and
+    one made with the old 4096-position table gets Qwen3's 40960 (no weight depends on it)."""
     import shutil
 
     if not (model_dir / CHAT_TEMPLATE).is_file():
         shutil.copy(TOKENIZER_DIR / CHAT_TEMPLATE, model_dir / CHAT_TEMPLATE)
+    from qwen3_trainium.config.flavors import TINY_DIMS
+
+    config_path = model_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    if config.get("max_position_embeddings") != TINY_DIMS["max_seq_len"]:
+        config["max_position_embeddings"] = TINY_DIMS["max_seq_len"]
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def ensure_hf_moe_model() -> Path:

@@ -58,8 +58,9 @@ def transformers_major() -> int:
         return 0
 
 
-def model_spec(model_dir: str, attn_backend: AttnBackend):
-    """torchtitan ``ModelSpec`` for an HF directory; sdpa (CPU, Neuron) or flex (CUDA)."""
+def model_spec(model_dir: str, attn_backend: AttnBackend, rope=None):
+    """torchtitan ``ModelSpec`` for an HF directory; sdpa (CPU, Neuron) or flex (CUDA); ``rope``:
+    the run's ``config.rope.Rope`` (its YaRN replaces config.json's rope_parameters at build)."""
     from torchtitan.experiments.transformers_modeling_backend import (
         TitanModelConfig,
         TitanMoeModelConfig,
@@ -73,7 +74,8 @@ def model_spec(model_dir: str, attn_backend: AttnBackend):
     # HF-mapped fields stay None so config.json wins; only the titan-side knob is set.
     titan_cfg = (TitanMoeModelConfig if moe else TitanModelConfig)(attn_mask_type="block_causal")
     model_cls = DenseMaskHFTransformerModel if attn_backend is AttnBackend.sdpa else Qwen3HFTransformerModel
-    cfg = model_cls.Config(model_config=titan_cfg)
+    scaling = rope.scaling_dict() if rope is not None else None
+    cfg = model_cls.Config(model_config=titan_cfg, rope_scaling=scaling)
     spec.model = cfg
     spec.flavor = os.path.basename(model_dir.rstrip("/"))
     return spec

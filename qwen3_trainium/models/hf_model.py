@@ -7,6 +7,12 @@
 2. Dense masks where FlexAttention cannot train (CPU, Neuron): ``DenseMaskHFTransformerModel``
    builds the same causal, same-document mask as a ``[B, 1, S, S]`` additive tensor (torchtitan's
    own ``_build_dense_attention_mask``) and selects HF's ``sdpa`` attention, which consumes it.
+3. The run's RoPE. ``model.rope_scaling`` (``config/rope.py``) becomes the runtime config's
+   ``rope_parameters`` after torchtitan's ``update_from_config`` reloads config.json. That method
+   also sets ``max_position_embeddings`` to ``training.seq_len`` (torchtitan
+   ``transformers_modeling_backend/model.py:458``); Transformers' YaRN reads it only where
+   ``factor`` is missing (``_compute_yarn_parameters``), so the YaRN dict here always carries
+   ``factor`` and ``original_max_position_embeddings`` and the seq_len there changes nothing.
 """
 
 from __future__ import annotations
@@ -43,8 +49,18 @@ class Qwen3HFTransformerModel(HFTransformerModel):
     @dataclass(kw_only=True, slots=True, init=False)
     class Config(HFTransformerModel.Config):
         # An explicit __init__ keeps PretrainedConfig.__init_subclass__ from generating one.
-        def __init__(self, model_config, **kwargs):
+        # rope_scaling: the run's YaRN dict (config.rope.Rope.scaling_dict), None: config.json's.
+        def __init__(self, model_config, rope_scaling: dict | None = None, **kwargs):
             HFTransformerModel.Config.__init__(self, model_config, **kwargs)
+            self._rope_scaling = rope_scaling
+
+        def update_from_config(self, *, config=None, **kwargs):
+            result = HFTransformerModel.Config.update_from_config(self, config=config, **kwargs)
+            scaling = getattr(self, "_rope_scaling", None)
+            if scaling is not None:
+                theta = (self.rope_parameters or {}).get("rope_theta")
+                self.rope_parameters = {"rope_theta": theta, **scaling}
+            return result
 
     def init_states(self, *, buffer_device: torch.device | None = None) -> None:
         super().init_states(buffer_device=buffer_device)
@@ -54,8 +70,8 @@ class Qwen3HFTransformerModel(HFTransformerModel):
 class DenseMaskHFTransformerModel(Qwen3HFTransformerModel):
     @dataclass(kw_only=True, slots=True, init=False)
     class Config(Qwen3HFTransformerModel.Config):
-        def __init__(self, model_config, **kwargs):
-            Qwen3HFTransformerModel.Config.__init__(self, model_config, **kwargs)
+        def __init__(self, model_config, rope_scaling: dict | None = None, **kwargs):
+            Qwen3HFTransformerModel.Config.__init__(self, model_config, rope_scaling, **kwargs)
             self._attn_implementation = "sdpa"
 
     def get_attention_masks(self, positions):

@@ -185,8 +185,11 @@ class Qwen3CheckpointManager(CheckpointManager):
         return head.weight is not embed.weight
 
 
-def hf_config_dict(model_config, max_position_embeddings: int) -> dict:
-    """An HF ``config.json`` for a torchtitan Qwen3 model config (dense or MoE)."""
+def hf_config_dict(model_config, rope) -> dict:
+    """An HF ``config.json`` for a torchtitan Qwen3 model config (dense or MoE); ``rope``: the
+    run's ``config.rope.Rope`` (its RoPE keys in both of HF's forms, ``models/hf_rope.py``)."""
+    from qwen3_trainium.models.hf_rope import rope_fields
+
     first = model_config.layers[0]
     attn = first.attention
     head_dim = attn.head_dim or model_config.dim // attn.n_heads
@@ -199,8 +202,7 @@ def hf_config_dict(model_config, max_position_embeddings: int) -> dict:
         "num_attention_heads": attn.n_heads,
         "num_key_value_heads": attn.n_kv_heads or attn.n_heads,
         "head_dim": head_dim,
-        "max_position_embeddings": max_position_embeddings,
-        "rope_parameters": {"rope_type": "default", "rope_theta": attn.rope.theta},
+        **rope_fields(rope, attn.rope.theta),
         "rms_norm_eps": attn.qk_norm.eps if attn.qk_norm is not None else 1e-6,
         "tie_word_embeddings": model_config.enable_weight_tying,
         "hidden_act": "silu",
@@ -226,5 +228,5 @@ def hf_config_dict(model_config, max_position_embeddings: int) -> dict:
     return cfg
 
 
-def hf_config_json(model_config, max_position_embeddings: int) -> str:
-    return json.dumps(hf_config_dict(model_config, max_position_embeddings), indent=2) + "\n"
+def hf_config_json(model_config, rope) -> str:
+    return json.dumps(hf_config_dict(model_config, rope), indent=2) + "\n"

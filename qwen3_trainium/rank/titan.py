@@ -107,14 +107,25 @@ def _metrics(run: RunConf, run_dir: str):
 OWN_CHECKPOINT_FIELDS = ("allow_partial_load", "export_check")  # used in the parent only
 
 
-def _hf_config_json(spec, source_dir: str | None) -> str:
-    """config.json for an HF export: the source model's own, else one made from the flavor."""
+def run_rope(run: RunConf):
+    """The run's RoPE (``config/rope.py``): model.rope_scaling against the checkpoint and flavor."""
+    from qwen3_trainium.config import rope
+
+    return rope.of_run(run, flavors.rope_table(run.model.flavor))
+
+
+def _hf_config_json(run: RunConf, spec, source_dir: str | None) -> str:
+    """config.json for an HF export: the source model's own with the run's RoPE written in
+    (``models/hf_rope.py``), else one made from the flavor."""
+    rope = run_rope(run)
     if source_dir and os.path.isfile(os.path.join(source_dir, "config.json")):
+        from qwen3_trainium.models.hf_rope import config_json
+
         with open(os.path.join(source_dir, "config.json")) as f:
-            return f.read()
+            return config_json(f.read(), rope, theta=flavors.TINY_DIMS["rope_theta"])
     from qwen3_trainium.rank.checkpoint import hf_config_json
 
-    return hf_config_json(spec.model, max_position_embeddings=spec.model.layers[0].attention.rope.max_seq_len)
+    return hf_config_json(spec.model, rope)
 
 
 def _checkpoint(run: RunConf, spec, run_dir: str):
@@ -136,7 +147,7 @@ def _checkpoint(run: RunConf, spec, run_dir: str):
         else:
             source = kwargs["initial_load_path"] if kwargs["initial_load_in_hf"] else None
         kwargs.update(
-            hf_config_json=_hf_config_json(spec, source),
+            hf_config_json=_hf_config_json(run, spec, source),
             tokenizer_dir=run.data.hf_assets_path,
             source_dir=source or "",
             chat_template=_chat_template(run, text=True) if run.data.chat_template else "",
@@ -173,15 +184,17 @@ def _model_parts(run: RunConf) -> tuple[type, dict]:
     if run.model.path is ModelPath.hf:
         from qwen3_trainium.models import hf
 
-        spec = hf.model_spec(run.model.hf_model, run.model.attn_backend)
+        spec = hf.model_spec(run.model.hf_model, run.model.attn_backend, run_rope(run))
         parts = {"model_spec": spec, "loss": CrossEntropyLoss.Config(), "hf_model": run.model.hf_model}
         config_cls = trainer.trainer_class(hf=True).Config
     else:
         from torchtitan.models.common.config_utils import decoder_vocab_size
 
         from qwen3_trainium.config import flavors
+        from qwen3_trainium.models import yarn
 
         spec = flavors.model_spec(run.model.flavor, titan_attn_backend(run))
+        yarn.apply(spec.model, run_rope(run))
         if hf_checkpoint(run):
             _without_expert_bias(spec.model)
         if "moe_experts" in run.model.kernels:  # experts stored fused: converted at the HF boundary

@@ -1,8 +1,9 @@
 """``@override`` factories that swap the NKI kernels into torchtitan's Qwen3 (per node).
 
-- ``rope_hf``: every ``CosSinRoPE`` node -> ``NkiRoPE`` (still a ``CosSinRoPE``, so torchtitan's
-  HF state-dict adapter and its RoPE checks keep working), which rotates q and k with the
-  ``qwen3_trainium::rope_hf`` op.
+- ``rope_hf``: every ``CosSinRoPE`` node, YaRN's ``YarnRoPE`` included -> ``NkiRoPE`` (still a
+  ``CosSinRoPE``, so torchtitan's HF state-dict adapter and its RoPE checks keep working), which
+  rotates q and k with the ``qwen3_trainium::rope_hf`` op. Its cache is ``YarnRoPE``'s: the same
+  cos/sin (times YaRN's attention factor, 1.0 without YaRN) the reference and the kernel read.
 - ``moe_experts``: every ``RoutedExperts`` node (dispatch + grouped experts + combine) ->
   ``BlockwiseRoutedExperts``, which stores the experts in the kernels' layout
   (``inner_experts.gate_up_ED2F`` / ``down_EFD``, ``blockwise_experts.py``) and computes with the
@@ -19,11 +20,14 @@ from torchtitan.models.common.rope import CosSinRoPE
 
 from qwen3_trainium.models.kernels import rope as rope_ops
 from qwen3_trainium.models.overrides.blockwise_experts import BlockwiseRoutedExperts, fused_config
+from qwen3_trainium.models.yarn import YarnRoPE
+
+ROPE_SOURCES = (CosSinRoPE.Config, YarnRoPE.Config)  # the nodes rope_hf replaces
 
 
-class NkiRoPE(CosSinRoPE):
+class NkiRoPE(YarnRoPE):
     @dataclass(kw_only=True, slots=True)
-    class Config(CosSinRoPE.Config):
+    class Config(YarnRoPE.Config):
         pass
 
     def forward(self, query, key, positions=None):
@@ -31,8 +35,13 @@ class NkiRoPE(CosSinRoPE):
         return rope_ops.rope_hf(query, key, cache, False)
 
 
-@override(target=CosSinRoPE.Config, exact=True, description="NKI rope_hf kernel (reference off Neuron)")
+# Not exact: YarnRoPE.Config is a CosSinRoPE.Config subclass; derive copies its attention_factor.
+@override(target=CosSinRoPE.Config, description="NKI rope_hf kernel (reference off Neuron)")
 def rope_hf(cfg: CosSinRoPE.Config) -> NkiRoPE.Config:
+    if type(cfg) not in ROPE_SOURCES:  # another CosSinRoPE: its cache is not known to be this one
+        raise TypeError(
+            f"rope_hf replaces {[c.__qualname__ for c in ROPE_SOURCES]}, not {type(cfg).__qualname__}"
+        )
     return derive(cfg, NkiRoPE.Config)
 
 
