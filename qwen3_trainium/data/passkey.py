@@ -61,6 +61,11 @@ def make_key(seed: int, depth: float, trial: int) -> str:
     return str(rng.randint(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS - 1))
 
 
+def keys(seed: int, depths: list[float], trials: int) -> list[str]:
+    """Every key of a check, depth by depth."""
+    return [make_key(seed, d, t) for d in depths for t in range(trials)]
+
+
 class Builder:
     """Passkey prompts for one tokenizer (``tokenizers.Tokenizer``) and, for chat, one template
     (``data.chat.template.ChatTokenizer``) with its kwargs."""
@@ -85,7 +90,7 @@ class Builder:
         return self._ids(before), self._ids(after)
 
     def overhead(self, key: str = "9" * KEY_DIGITS) -> int:
-        """Prompt tokens other than filler."""
+        """Prompt tokens other than filler, for ``key`` (how a key tokenizes varies with its digits)."""
         before, after = self._wrap()
         question = QUESTION_CHAT if self.chat is not None else QUESTION_PLAIN
         parts = (HEAD, NEEDLE.format(key=key), question)
