@@ -6,8 +6,8 @@ table. Standard library only (pre-flight's quick tier reads it).
 ``convert_rope_params_to_dict`` :775-804 and ``standardize_rope_params`` :806-866): a non-null
 legacy ``rope_scaling`` (4.x form) replaces ``rope_parameters`` (5.x form); a top-level
 ``rope_theta`` fills a dict without one; legacy ``type`` is ``rope_type``; for yarn a missing
-``original_max_position_embeddings`` is the config's ``max_position_embeddings`` and a top-level
-one wins. ``tests/models/test_rope_config.py`` holds this against ``AutoConfig``.
+``original_max_position_embeddings`` is the config's ``max_position_embeddings`` (Qwen3's config
+class keeps no top-level one to prefer). ``tests/models/test_rope_config.py`` holds this against ``AutoConfig``.
 """
 
 from __future__ import annotations
@@ -72,11 +72,8 @@ def checkpoint_rope(config: dict) -> dict:
     params = dict(legacy or config.get("rope_parameters") or {})
     if "rope_theta" in config:
         params.setdefault("rope_theta", config["rope_theta"])
-    params["rope_type"] = params.get("rope_type", params.pop("type", None)) or DEFAULT
-    params.pop("type", None)
-    if params["rope_type"] == YARN:
-        if config.get("original_max_position_embeddings") is not None:
-            params["original_max_position_embeddings"] = config["original_max_position_embeddings"]
+    params["rope_type"] = params.get("rope_type", params.get("type")) or DEFAULT  # "type" stays, as there
+    if params["rope_type"] == YARN:  # a top-level original_max_position_embeddings is not read for Qwen3
         params.setdefault("original_max_position_embeddings", config.get("max_position_embeddings"))
     return params
 

@@ -2,7 +2,8 @@
 
 ``transformers.AutoConfig`` parses the file, so attribute maps apply (``num_local_experts`` is
 ``num_experts`` for Qwen3-MoE as Transformers 5 saves it; ``rope_theta`` lives in
-``rope_parameters``). In Qwen3-MoE's config, ``intermediate_size`` is a dense MLP's width, unused
+``rope_parameters``, YaRN's keys with it: a YaRN checkpoint never matches a default-RoPE flavor).
+In Qwen3-MoE's config, ``intermediate_size`` is a dense MLP's width, unused
 when every layer is sparse; the experts' width is ``moe_intermediate_size``.
 """
 
@@ -14,6 +15,7 @@ COMMON = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
     "head_dim", "tie_word_embeddings", "rope_theta",
 )  # fmt: skip
+ROPE = ("rope_type", "rope_factor", "rope_original_max_position_embeddings")  # YaRN's shape of RoPE
 DENSE = ("intermediate_size",)
 MOE = ("moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob")
 
@@ -40,7 +42,17 @@ def published_fields(cfg) -> dict:
     values = {key: getattr(cfg, key, None) for key in COMMON + (MOE if is_moe(cfg) else DENSE)}
     values["head_dim"] = values["head_dim"] or cfg.hidden_size // cfg.num_attention_heads
     values["rope_theta"] = rope_theta(cfg)
-    return values
+    params = getattr(cfg, "rope_parameters", None) or {}
+    return values | _rope(
+        params.get("rope_type", "default"),
+        params.get("factor"),
+        params.get("original_max_position_embeddings"),
+    )
+
+
+def _rope(rope_type: str, factor, original) -> dict:
+    scaled = rope_type != "default"
+    return dict(zip(ROPE, (rope_type, factor if scaled else None, original if scaled else None), strict=True))
 
 
 def unsupported(cfg) -> list[tuple[str, object, str]]:
@@ -77,6 +89,9 @@ def flavor_fields(model_config) -> dict:
         "tie_word_embeddings": model_config.enable_weight_tying,
         "rope_theta": attn.rope.theta,
     }
+    rope = attn.rope
+    yarn = rope.scaling == "yarn" and rope.rope_factor > 1.0  # torchtitan CosSinRoPE's own condition
+    values |= _rope("yarn" if yarn else "default", rope.rope_factor, rope.original_seq_len)
     if moe is None:
         return values | {"intermediate_size": first.feed_forward.w1.out_features}
     return values | {
