@@ -57,6 +57,10 @@ class Counts:
     truncated: int = 0
     skipped: dict = field(default_factory=dict)  # reason -> count
     fallback_turns: int = 0  # turns placed by difference (the template breaks the prefix property)
+    tokens_dropped: int = 0  # input positions of the samples dropped
+    tokens_cut: int = 0  # input positions truncation removed
+    cut_in_reasoning: int = 0  # truncated inside the reasoning, the final answer kept (overflow.py)
+    cut_at_end: dict = field(default_factory=dict)  # why not -> truncated at the end instead
     first_skip: dict = field(default_factory=dict)  # reason -> where (file:line)
 
     def skip(self, reason: str, where: str) -> None:
@@ -134,6 +138,12 @@ class Masker:
 
     def docs(self, conv: Conversation, counts: Counts | None = None) -> list[Doc]:
         """The samples of one conversation (history_thinking=keep: one per trained turn)."""
+        return [doc for *_, doc in self.samples(conv, counts)]
+
+    def samples(self, conv: Conversation, counts: Counts | None = None) -> list[tuple]:
+        """Each sample as (view, end, Doc): the conversation it renders (normalised; with
+        history_thinking=keep the messages up to its turn, ``end``), from which ``doc(view, end)``
+        makes it again once edited (``overflow.py``)."""
         counts = counts if counts is not None else Counts()
         conv = self.normalise(conv)
         specials = [
@@ -149,21 +159,53 @@ class Masker:
             ends = [None]
         out = []
         for end in ends:
-            text, regions, fallback = self.regions(conv, end)
-            counts.fallback_turns += fallback
-            ids, offsets = self.tok.encode(text)
-            supervised = [any(s < b and e > a for a, b in regions) for s, e in offsets]
-            out.append(Doc(ids, supervised))
+            view = (
+                conv
+                if end is None
+                else Conversation(conv.messages[:end], conv.where, conv.tools, conv.kwargs)
+            )
+            out.append((view, end, self.doc(view, end, counts)))
         return out
+
+    def doc(self, view: Conversation, end: int | None, counts: Counts) -> Doc:
+        """The sample of ``view`` (``end``: its last message's turn alone is trained, as ``keep``)."""
+        text, regions, fallback = self.regions(view, end)
+        counts.fallback_turns += fallback
+        ids, offsets = self.tok.encode(text)
+        supervised = [any(s < b and e > a for a, b in regions) for s, e in offsets]
+        return Doc(ids, supervised)
 
 
 def fit(doc: Doc, seq_len: int, overflow: str) -> Doc | None:
-    """The document within seq_len input positions: as is, truncated, or None (dropped)."""
+    """The document within seq_len input positions: as is, its end cut, or None (dropped)."""
     if len(doc.ids) - 1 <= seq_len:
         return doc
     if overflow == "drop":
         return None
     return Doc(doc.ids[: seq_len + 1], doc.supervised[: seq_len + 1], truncated=True)
+
+
+def _fitted(masker: Masker, sample: tuple, seq_len: int, overflow: str, counts: Counts) -> Doc | None:
+    """The sample within seq_len (``overflow.py``: truncation cuts reasoning first), counted."""
+    from qwen3_trainium.data.chat.overflow import cut_reasoning
+
+    view, end, doc = sample
+    length = len(doc.ids) - 1
+    if length <= seq_len:
+        return doc
+    if overflow == "drop":
+        counts.dropped += 1
+        counts.tokens_dropped += length
+        return None
+    cut, why = cut_reasoning(lambda v: masker.doc(v, end, Counts()), masker.tok, view, length, seq_len)
+    if cut is not None:
+        counts.cut_in_reasoning += 1
+        fitted = Doc(cut.ids, cut.supervised, truncated=True)
+    else:
+        counts.cut_at_end[why] = counts.cut_at_end.get(why, 0) + 1
+        fitted = fit(doc, seq_len, overflow)
+    counts.tokens_cut += length - (len(fitted.ids) - 1)
+    return fitted
 
 
 def encode(masker: Masker, conv: Conversation, seq_len: int, overflow: str, counts: Counts) -> list[Doc]:
@@ -172,7 +214,7 @@ def encode(masker: Masker, conv: Conversation, seq_len: int, overflow: str, coun
 
     counts.records += 1
     try:
-        docs = masker.docs(conv, counts)
+        samples = masker.samples(conv, counts)
     except MaskError as e:
         counts.skip(f"mask not exact ({e})", conv.where)
         return []
@@ -180,10 +222,9 @@ def encode(masker: Masker, conv: Conversation, seq_len: int, overflow: str, coun
         counts.skip(f"the chat template refused it ({e})", conv.where)
         return []
     kept = []
-    for doc in docs:
-        fitted = fit(doc, seq_len, overflow)
+    for sample in samples:
+        fitted = _fitted(masker, sample, seq_len, overflow, counts)
         if fitted is None:
-            counts.dropped += 1
             continue
         if fitted.n_supervised == 0:
             counts.skip("no supervised token" + (" after truncation" if fitted.truncated else ""), conv.where)

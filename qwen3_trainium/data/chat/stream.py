@@ -236,6 +236,18 @@ class Summary:
             f"longer than seq_len: {c.dropped} dropped, {c.truncated} truncated",
             f"packed into {self.rows} rows of {self.seq_len}: {100 * self.efficiency:.1f}% of positions are tokens",
         ]
+        if c.dropped or c.truncated:
+            lost = c.tokens_dropped + c.tokens_cut
+            out.append(
+                f"longer than seq_len: {c.tokens_dropped} tokens dropped, {c.tokens_cut} cut: {lost} of"
+                f" {c.tokens + lost} tokens ({100 * lost / (c.tokens + lost):.1f}%) left out of the rows"
+            )
+        if c.truncated:
+            ends = "; ".join(f"{n} {why}" for why, n in sorted(c.cut_at_end.items()))
+            out.append(
+                f"truncated: {c.cut_in_reasoning} inside the reasoning, the final answer kept"
+                + (f"; at the end, the answer lost: {ends}" if ends else "")
+            )
         if c.fallback_turns:
             out.append(
                 f"{c.fallback_turns} assistant turns placed by difference (the template drops earlier reasoning)"
