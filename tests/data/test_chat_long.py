@@ -156,3 +156,26 @@ def test_the_dry_run_counts_of_long_traces_add_up(tmp_path, hf, overflow):
     assert f"{lost} of {sum(lengths)} tokens" in "\n".join(lines)
     if overflow == "truncate":
         assert "truncated: 12 inside the reasoning, the final answer kept" in lines
+
+
+def test_the_preview_of_a_long_row_shows_its_ends_and_counts_the_middle(tmp_path, hf):
+    from conftest import resolve
+
+    from qwen3_trainium.data.chat import source
+
+    path = tmp_path / "train.jsonl"  # traces of 5000 tokens and more: each fills a row alone
+    path.write_text("".join(json.dumps(long_record(2500 + 100 * i, seed=i)) + "\n" for i in range(3)))
+    run = resolve("data=chat", f"data.dataset_path={path}", "training.seq_len=4096", "data.overflow=truncate")
+    (row,) = source.preview_rows(run, 1)
+    md_path, _ = source.write_preview(run, str(tmp_path / "run"), 1)
+    md = open(md_path).read()
+    whole = hf.decode(row.input_ids[: row.real])
+    assert row.real > 3000 and len(md) < len(whole) / 3, "a long row's preview is not the whole row"
+    hidden = row.real - 800
+    supervised = sum(label >= 0 for label in row.labels[399 : row.real - 401])
+    starts = row.positions[400 : row.real - 400].count(0)
+    assert f"⟪… {hidden} tokens not shown: {supervised} supervised" in md
+    assert (f", {starts} sample" in md) == (starts > 0)
+    body = md.split("```text\n")[1].split("\n```")[0]
+    assert body.startswith(whole[:60]), "the row's first tokens are shown as they are"
+    assert body.count("⟦") == body.count("⟧") and body.endswith(f"{ANSWER}<|im_end|>⟧")

@@ -204,24 +204,52 @@ def write_preview(run, run_dir: str, n: int, world: int = 1) -> tuple[str, str]:
     return os.path.join(run_dir, PREVIEW_MD), os.path.join(run_dir, PREVIEW_JSONL)
 
 
+PREVIEW_HEAD = PREVIEW_TAIL = 400  # tokens of a long row shown at each end (the rest is counted)
+
+
 def _marked(tok: ChatTokenizer, row: Row) -> str:
     """The row's text, each run of supervised tokens inside ⟦ ⟧. A token is supervised when the
-    label that predicts it is not -100; a sample's first token never is (nothing predicts it)."""
-    pieces: list[tuple[str, bool]] = []
+    label that predicts it is not -100; a sample's first token never is (nothing predicts it).
+    A row longer than ``PREVIEW_HEAD + PREVIEW_TAIL`` tokens shows its first and last tokens only,
+    and says what is left out between them (tokens, supervised ones, samples starting there), so
+    that a 32k row is a few kilobytes of markdown, not hundreds."""
+    pieces: list[tuple[int, str, bool]] = []  # (token index, text, supervised)
 
     def text(token_id: int) -> str:
         return tok.tokenizer.decode([token_id], skip_special_tokens=False)
 
     for i in range(row.real):
         if row.positions[i] == 0:
-            pieces.append(("⟂" if i else "", False))
-            pieces.append((text(row.input_ids[i]), False))
+            pieces.append((i, "⟂" if i else "", False))
+            pieces.append((i, text(row.input_ids[i]), False))
         if row.labels[i] >= 0:
-            pieces.append((text(row.labels[i]), True))
+            pieces.append((i + 1, text(row.labels[i]), True))
         elif i + 1 < row.real and row.positions[i + 1] != 0:
-            pieces.append((text(row.input_ids[i + 1]), False))
+            pieces.append((i + 1, text(row.input_ids[i + 1]), False))
+    return _joined(_elided(pieces, row))
+
+
+def _elided(pieces: list[tuple[int, str, bool]], row: Row) -> list[tuple[int, str, bool | None]]:
+    """``pieces`` less the middle of a long row, replaced by one note (supervised: None)."""
+    if row.real <= PREVIEW_HEAD + PREVIEW_TAIL:
+        return pieces
+    lo, hi = PREVIEW_HEAD, row.real - PREVIEW_TAIL
+    hidden = range(lo, hi)
+    supervised = sum(row.labels[i - 1] >= 0 for i in hidden)
+    starts = sum(row.positions[i] == 0 for i in hidden)
+    note = f" ⟪… {len(hidden)} tokens not shown: {supervised} supervised"
+    note += f", {starts} sample{'s' if starts != 1 else ''} starting among them …⟫ " if starts else " …⟫ "
+    head = [p for p in pieces if p[0] < lo]
+    return head + [(lo, note, None)] + [p for p in pieces if p[0] >= hi]
+
+
+def _joined(pieces: list[tuple[int, str, bool | None]]) -> str:
     out, inside = [], False
-    for piece, supervised in pieces:
+    for _, piece, supervised in pieces:
+        if supervised is None:  # a note: outside the brackets, which reopen after it as needed
+            out.append(("⟧" if inside else "") + piece)
+            inside = False
+            continue
         if supervised != inside:
             out.append("⟦" if supervised else "⟧")
             inside = supervised
