@@ -106,9 +106,12 @@ def _config_dims(run: RunConf, trial, hf_dir: str) -> list[Problem]:
         )
         for field, value, why in hf_config.unsupported(cfg)
     ]
-    diffs = hf_config.differences(
-        hf_config.flavor_fields(trial.model_spec.model), hf_config.published_fields(cfg)
+    # RoPE scaling is the rope check's (rope.py): YaRN set on a default-RoPE checkpoint is allowed
+    flavor, published = (
+        {k: v for k, v in fields.items() if k not in hf_config.ROPE}
+        for fields in (hf_config.flavor_fields(trial.model_spec.model), hf_config.published_fields(cfg))
     )
+    diffs = hf_config.differences(flavor, published)
     if diffs:
         message = f"model.flavor={run.model.flavor} disagrees with {where} ({'; '.join(diffs)})"
         fix = "the flavor of these weights (or model=hf model.hf_model=<dir>)"
