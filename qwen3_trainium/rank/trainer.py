@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
 from qwen3_trainium.rank import samples, stop
+from qwen3_trainium.rank.context_parallel import ContextParallelAttention
 from qwen3_trainium.rank.samples import SampleConfig
 from qwen3_trainium.shared import stopfiles
 from qwen3_trainium.shared.contract import RUN_DIR_ENV
@@ -161,7 +162,7 @@ def trainer_class(hf: bool) -> type:
 
         base, base_config = Trainer, Trainer.Config
 
-    class StopAtSignalTrainer(SampleAfterTraining, StopAtSignal, base):
+    class StopAtSignalTrainer(SampleAfterTraining, StopAtSignal, ContextParallelAttention, base):
         @dataclass(kw_only=True, slots=True)
         class Config(base_config):
             samples: SampleConfig = field(default_factory=SampleConfig)

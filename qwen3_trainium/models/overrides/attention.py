@@ -21,6 +21,8 @@ from torchtitan.config import derive, override
 from torchtitan.models.common.attention import VarlenAttention, VarlenMetadata
 from torchtitan.protocols.module import Module
 
+from qwen3_trainium.models.context_parallel import ContextParallelMask
+
 
 def document_causal_mask(cu_seqlens: torch.Tensor, batch: int, seq_len: int) -> torch.Tensor:
     """Boolean ``[B, 1, L, L]`` mask: True where query i may attend key j.
@@ -100,3 +102,57 @@ class CausalSDPA(DocumentCausalSDPA):
 )
 def causal_sdpa(cfg: VarlenAttention.Config) -> CausalSDPA.Config:
     return derive(cfg, CausalSDPA.Config)
+
+
+class ContextParallelSDPA(Module):
+    """``sdpa``/``causal`` under context parallel (``models/context_parallel.py``): local queries
+    against all keys, through the mask the trainer built for this rank's shard of the row.
+
+    A plain torchtitan ``Module``, neither ``VarlenAttention`` nor ``ScaledDotProductAttention``:
+    torchtitan refuses CP for those two classes (``Qwen3Model.Config.update_from_config``,
+    ``distributed/full_dtensor.validate_config``) because ITS kernels cannot shard them; this
+    one does its own sharding. The trainer puts it in place of the varlen node before torchtitan
+    builds the model (``rank/trainer.py``, ``ContextParallelAttention``)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Module.Config):
+        window_size: tuple[int, int] = (-1, 0)  # copied from the varlen node; full causal only
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+
+    def forward(
+        self,
+        q_BLNH: torch.Tensor,
+        k_BLNH: torch.Tensor,
+        v_BLNH: torch.Tensor,
+        *,
+        attention_masks: ContextParallelMask,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        **kwargs,
+    ) -> torch.Tensor:
+        allowed = attention_masks.allowed
+        if k_BLNH.shape[1] != allowed.shape[-1]:
+            raise RuntimeError(
+                f"context parallel: {k_BLNH.shape[1]} keys arrived for a mask over {allowed.shape[-1]}:"
+                " K/V were not all-gathered over the CP group (torchtitan's spmd_types local_map,"
+                " decoder_sharding.set_gqa_inner_attention_local_map, a seam in config/seams.py)"
+            )
+        out_BNLH = F.scaled_dot_product_attention(
+            q_BLNH.transpose(1, 2),
+            k_BLNH.transpose(1, 2),
+            v_BLNH.transpose(1, 2),
+            attn_mask=allowed,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        return out_BNLH.transpose(1, 2)
+
+
+def context_parallel_config(cfg: Module.Config) -> ContextParallelSDPA.Config | None:
+    """The CP node for a model=native/nki_moe inner attention built as varlen for ``sdpa``
+    (documents) or ``causal`` (whole row); None for any other node (flex: torchtitan's own CP)."""
+    if type(cfg) is not VarlenAttention.Config:
+        return None
+    return derive(cfg, ContextParallelSDPA.Config)

@@ -209,6 +209,10 @@ def check_titan(run: RunConf, run_dir: str):
             degree_problems, _ = check_degrees(run, estimate.model_shape(trial.model_spec.model))
             if degree_problems:
                 return degree_problems, None
+        # as the rank's trainer does before torchtitan's (rank/context_parallel.py): CP with our SDPA
+        from qwen3_trainium.rank.context_parallel import use_context_parallel_attention
+
+        use_context_parallel_attention(trial)
         trial.model_spec.model.update_from_config(config=trial)
         try:
             apply_overrides(trial.override, trial)
