@@ -57,10 +57,11 @@ def objective_key(eval_enabled: bool) -> str:
 
 
 def final_metrics(run_dir: str) -> dict[str, float | None]:
-    """The end of a run for ``job.json``: last training loss, held-out loss and perplexity."""
+    """The end of a run for ``job.json``: last training loss, held-out loss and perplexity, and
+    the passkey check's mean accuracy (eval.long_context; None without it)."""
     rows = read_metrics(run_dir)
     out: dict[str, float | None] = {}
-    for key in ("loss", "val_loss", "val_perplexity"):
+    for key in ("loss", "val_loss", "val_perplexity", "passkey_accuracy"):
         values = _number(rows, key)
         out[f"final_{key}"] = values[-1] if values else None
     return out

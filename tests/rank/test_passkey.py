@@ -119,3 +119,23 @@ def test_the_harness_runs_on_the_tiny_model_plain_and_chat_and_is_reproducible(t
     assert [t["key"] for t in chat["trials"]] == [t["key"] for t in plain["trials"]]
     assert all(t["prompt_tokens"] == 496 for t in chat["trials"])
     assert "a user turn of the chat template" in (tmp_path / "passkey.md").read_text()
+
+
+def test_the_figures_reach_metrics_jsonl_and_the_jobs_final_metrics(tmp_path):
+    from qwen3_trainium.parent import report
+    from qwen3_trainium.rank.metrics import JsonlLogger
+
+    path = tmp_path / "metrics.jsonl"
+    logger = JsonlLogger(str(path), report_mfu=False)
+    logger.log({"loss_metrics/global_avg_loss": 5.0}, 10)
+    logger.log(passkey.metrics({0.0: 1.0, 0.5: 0.5}), 10)  # after the last step, as the trainer logs it
+    logger.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {k: v for k, v in rows[1].items() if k != "time"} == {
+        "step": 10,
+        "passkey_depth_0": 1.0,
+        "passkey_depth_0.5": 0.5,
+        "passkey_accuracy": 0.75,
+    }
+    assert report.final_metrics(str(tmp_path))["final_passkey_accuracy"] == 0.75
+    assert report.final_metrics(str(tmp_path))["final_loss"] == 5.0
