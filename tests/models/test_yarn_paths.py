@@ -95,3 +95,16 @@ def test_a_yarn_finetune_exports_what_transformers_reloads_with_the_same_logits(
     report, config = _finetune_and_export(tmp_path, "training.seq_len=256", *QWEN_YARN)
     print(f"YaRN export round trip: max abs logit diff {report['max_abs_logit_diff']:.3e}")
     assert config["rope_scaling"] == YARN4 and config["max_position_embeddings"] == 131072
+
+
+def test_rope_hf_kernel_replaces_the_yarn_rope_and_keeps_its_attention_factor(tmp_path):
+    from torchtitan.config import apply_overrides
+
+    from qwen3_trainium.models.overrides.nki import NkiRoPE
+
+    cfg = to_trainer_config(resolve("model=nki_moe", "model.kernels=[rope_hf]", *QWEN_YARN), str(tmp_path))
+    apply_overrides(cfg.override, cfg)
+    ropes = [layer.attention.rope for layer in cfg.model_spec.model.layers]
+    assert all(type(r) is NkiRoPE.Config for r in ropes)
+    assert {(r.scaling, r.rope_factor, r.original_seq_len) for r in ropes} == {("yarn", 4.0, 32768)}
+    assert [r.attention_factor for r in ropes] == pytest.approx([0.1 * math.log(4) + 1] * len(ropes))
