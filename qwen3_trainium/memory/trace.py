@@ -165,6 +165,7 @@ def trace(run, run_dir: str, ceilings=None) -> Trace:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from qwen3_trainium.config import cpu_device, runconfig
+    from qwen3_trainium.memory import flash
     from qwen3_trainium.rank import titan
 
     start = time.perf_counter()
@@ -177,7 +178,7 @@ def trace(run, run_dir: str, ceilings=None) -> Trace:
     rank = _Rank(config, parallel_dims, model_config, model, loss_fn)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     batch = rank.batch(fake_mode)  # masks from real positions (nonzero has no fake shape)
-    with fake_mode:
+    with fake_mode, flash.device_attention(run.device.type.value):  # the device's kernel (flash.py)
         model.to_empty(device="cpu")
         _init_weights(model)
         model.train()

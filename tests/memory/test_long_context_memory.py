@@ -1,0 +1,147 @@
+"""Long-context memory: the estimate's RoPE-cache and context-parallel terms against hand-computed
+bytes, and the trace's model of the device's attention kernel (memory/flash.py) against torch's
+own SDPA (values) and torch's CPU kernel (what it keeps for backward)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import resolve
+
+from qwen3_trainium.memory import estimate, flash
+
+GiB = 2**30
+# Qwen3-30B-A3B's shape (torchtitan's flavor; Hub config.json: 48 layers, 32 x 128 query heads,
+# 4 KV heads, hidden 2048, 128 experts, top 8 of width 768), written out by hand
+QWEN3_30B_A3B = estimate.ModelShape(
+    params=30_532_122_624,
+    largest_layer=0,
+    n_layers=48,
+    dim=2048,
+    q_dim=32 * 128,
+    kv_dim=4 * 128,
+    ffn=8 * 768,
+    n_heads=32,
+    n_kv_heads=4,
+    vocab=151_936,
+    num_experts=128,
+    top_k=8,
+    expert_width=768,
+)
+
+
+def _neuron(*overrides: str):
+    return resolve("model=native", "model.flavor=30B-A3B", "device=neuron", *overrides)
+
+
+@pytest.mark.parametrize(("seq", "gib"), [(32768, 1.5), (131072, 6.0)])
+def test_the_rope_cache_is_seq_by_twice_head_dim_float32_in_every_layer(seq, gib):
+    """48 layers x seq x 256 x 4 bytes: 1.5 GiB at 32,768, 6 GiB at 131,072, on every rank."""
+    for layout in ("parallel=trn2_tp4_fsdp16", "parallel=trn2_dp64"):
+        run = _neuron(layout, f"training.seq_len={seq}")
+        assert estimate.rope_table_bytes(run, QWEN3_30B_A3B) == gib * GiB
+        parts = estimate.estimate(run, QWEN3_30B_A3B, dp_shard=16, capacity=None).parts
+        assert parts["RoPE cache (fp32)"] == gib * GiB
+
+
+def test_the_hf_path_keeps_no_rope_cache():
+    run = resolve("model=hf", "device=neuron", "training.seq_len=32768")
+    assert estimate.rope_table_bytes(run, QWEN3_30B_A3B) == 0
+
+
+def test_context_parallel_counts_gathered_kv_one_mask_and_local_queries():
+    """CP 4 at 32,768 tokens, TP 1, bfloat16, full checkpointing: K and V gathered to the whole
+    row in the recomputed layer, [1, 32768, 4 x 128] x 2 bytes each, and as much again for their
+    gradients (4 x 32 MiB); the trainer's one [1, 1, 8192, 32768] boolean mask (256 MiB); no
+    probabilities on a device; and the saved activations of 8,192 local tokens, not 32,768."""
+    base = (
+        "parallel=trn2_dp64",
+        "training.seq_len=32768",
+        "training.local_batch_size=1",
+        "activation_checkpoint.mode=full",
+    )
+    cp4 = estimate.estimate(
+        _neuron(*base, "parallel.context_parallel_degree=4"), QWEN3_30B_A3B, dp_shard=16, capacity=None
+    ).parts
+    cp1 = estimate.estimate(_neuron(*base), QWEN3_30B_A3B, dp_shard=64, capacity=None).parts
+    assert cp4["CP gathered K/V (+ grad)"] == 4 * 32768 * 512 * 2 == 128 * 2**20
+    assert cp4["attention mask (bool)"] == 8192 * 32768 == 256 * 2**20
+    assert "attention matrices" not in cp4
+    assert cp4["activations"] * 4 == cp1["activations"]
+    assert cp4["MoE routed tokens"] * 4 == cp1["MoE routed tokens"] == 32768 * 8 * 2048 * 18
+
+
+def test_on_cpu_the_probabilities_are_local_queries_by_all_keys():
+    """On CPU (torch's kernels, at their worst the math kernel): B x H x S/cp x S, twice (the
+    probabilities and their softmax input), float32: 1 x 32 x 2048 x 4096 x 2 x 4 bytes."""
+    run = resolve(
+        "model=native",
+        "device=cpu",
+        "training.seq_len=4096",
+        "parallel.context_parallel_degree=2",
+        "training.local_batch_size=1",
+        "activation_checkpoint.mode=full",
+    )
+    parts = estimate.attention_parts(run, QWEN3_30B_A3B, compute=4, layers=48)
+    assert parts["attention matrices"] == 32 * 2048 * 4096 * 2 * 4
+
+
+def _saved(device_type: str, q, k, v, mask) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """What one SDPA call keeps for its backward (shape, dtype), as autograd saves it."""
+    saved = []
+
+    def pack(t):
+        saved.append((tuple(t.shape), t.dtype))
+        return t
+
+    with flash.device_attention(device_type), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    return saved
+
+
+def _inputs(batch=2, heads=8, kv_heads=2, seq=64, dim=16, dtype=torch.bfloat16):
+    torch.manual_seed(0)
+    q = torch.randn(batch, heads, seq, dim, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(batch, kv_heads, seq, dim, dtype=dtype, requires_grad=True) for _ in range(2))
+    mask = torch.ones(batch, 1, seq, seq, dtype=torch.bool).tril()
+    mask[1, :, seq // 2 :, : seq // 2] = False  # two documents in the second row
+    return q, k, v, mask
+
+
+def test_a_device_run_keeps_output_and_logsumexp_not_a_float_copy_of_the_mask():
+    """torch's CPU kernel keeps a [B, 1, L, S] copy of the mask in the query's dtype; the device
+    model keeps q, k, v, the output, a float32 log-sum-exp per query row and the boolean mask the
+    model passed, nothing of L x S in a float dtype."""
+    q, k, v, mask = _inputs()
+    square = (2, 1, 64, 64)
+    cpu = _saved("cpu", q, k, v, mask)
+    assert (square, torch.bfloat16) in cpu
+    device = _saved("neuron", q, k, v, mask)
+    assert sorted(device, key=str) == sorted(
+        [
+            ((2, 8, 64, 16), torch.bfloat16),
+            ((2, 2, 64, 16), torch.bfloat16),
+            ((2, 2, 64, 16), torch.bfloat16),
+            ((2, 8, 64, 16), torch.bfloat16),
+            ((2, 8, 64), torch.float32),
+            (square, torch.bool),
+        ],
+        key=str,
+    )
+
+
+def test_the_device_attention_computes_what_torchs_sdpa_computes():
+    """Values and gradients of the flash model against F.scaled_dot_product_attention (grouped
+    query heads, two documents in a row), float32."""
+    q, k, v, mask = _inputs(dtype=torch.float32)
+    grad = torch.randn(2, 8, 64, 16)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), grad)
+    with flash.device_attention("neuron"):
+        got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    grads = torch.autograd.grad(got, (q, k, v), grad)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    for mine, theirs in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+    assert F.scaled_dot_product_attention is not flash.flash_sdpa  # restored on exit
