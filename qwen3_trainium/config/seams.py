@@ -11,8 +11,8 @@ A seam is ``module:qualname`` plus, optionally, dataclass fields the object must
 name its source must mention (an attribute set in ``__init__``, invisible on the class).
 Private ones (a ``_name``, the device globals, ``torchtitan.experiments``) are nobody's promise;
 they are marked so. ``needed_by`` says which runs need a seam: ``all``, a model path
-(``native``, ``hf``, ``nki_moe``), a device (``cpu``), ``trace`` (``memory=trace``), or
-``grouped_mm`` (``native`` with a MoE flavor).
+(``native``, ``hf``, ``nki_moe``), a device (``cpu``), ``trace`` (``memory=trace``),
+``grouped_mm`` (``native`` with a MoE flavor), or ``context_parallel`` (CP on the native paths).
 """
 
 from __future__ import annotations
@@ -201,6 +201,17 @@ SEAMS: tuple[Seam, ...] = (
          "model=hf on CPU and Neuron: dense document masks (hf_model.py)", ("hf",)),
     Seam("torchtitan.experiments.transformers_modeling_backend.state_dict_adapter:HFTransformerStateDictAdapter",
          "model=hf export keeps an un-tied lm_head (checkpoint.py)", ("hf",), mentions="_tie_word_embeddings"),
+    # Context parallel with our SDPA (models/context_parallel.py, rank/context_parallel.py): torchtitan
+    # shards the row and all-gathers K/V for the attention; our mask follows its sharding.
+    Seam("torchtitan.models.common.decoder_sharding:set_gqa_inner_attention_local_map",
+         "context parallel: K/V all-gathered over the CP group before our attention", ("context_parallel",),
+         mentions="cp=spmd.R"),
+    Seam("torchtitan.distributed.context_parallel:cp_shard", "context parallel: our mask sharded as the inputs",
+         ("context_parallel",)),
+    Seam("torchtitan.trainer:Trainer.post_dataloading_process", "context parallel: the row sharded before our mask",
+         ("context_parallel",), mentions="prepare_context_parallel_input"),
+    Seam("torchtitan.config:ParallelismConfig", "context parallel: the load balancer our mask follows",
+         ("context_parallel",), fields=("context_parallel_load_balancer",)),
     # memory=trace (memory/trace.py): rank 0 of a fake world, the step through the trainer's own code
     Seam("torchtitan.config.configs:CommConfig", "memory=trace: torchtitan's fake process group (comm.mode=fake_backend)",
          ("trace",), fields=("mode",)),
@@ -239,10 +250,14 @@ def probe(seam: Seam) -> str | None:
     return None
 
 
-def needed(path: str, device: str, memory: str = "estimate", moe: bool = False) -> list[Seam]:
-    """The seams a run needs: ``moe`` is a MoE flavor, whose ``native`` path is the grouped_mm route."""
+def needed(
+    path: str, device: str, memory: str = "estimate", moe: bool = False, cp: bool = False
+) -> list[Seam]:
+    """The seams a run needs: ``moe`` is a MoE flavor, whose ``native`` path is the grouped_mm route;
+    ``cp``: context parallel (its seams are those of our SDPA's CP, on the native paths)."""
     scope = {"all", path, device} | ({"trace"} if memory == "trace" else set())
     scope |= {"grouped_mm"} if moe and path == "native" else set()
+    scope |= {"context_parallel"} if cp and path in NATIVE else set()
     return [seam for seam in SEAMS if scope & set(seam.needed_by)]
 
 

@@ -1,11 +1,111 @@
 """Pre-flight for context parallel (``parallel.context_parallel_degree``): which paths and
-attention backends can shard the sequence, and the lengths that divide, before any process starts."""
+attention backends can shard the sequence, and the lengths that divide, before any process starts.
+
+Where CP runs (docs/context_parallel.md): model=native and model=nki_moe with ``sdpa`` or
+``causal`` (this project's attention: ``models/context_parallel.py``, any device), or with
+``flex`` on CUDA/Neuron (torchtitan's own FlexAttention CP). Not with torchtitan's ``varlen``
+(its Qwen3 config refuses it: ``torchtitan/models/qwen3/model.py``), nor model=hf (see
+``_hf``). Imports neither torch nor torchtitan: the quick tier runs it.
+"""
 
 from __future__ import annotations
 
+from qwen3_trainium.config.choices import AttnBackend, MemoryMode, ModelPath
+from qwen3_trainium.config.flavors import MOE_FLAVORS
 from qwen3_trainium.config.schema import RunConf
+from qwen3_trainium.models.kernels.rules import seq_multiple
 from qwen3_trainium.parent.preflight.problem import Problem
+
+KEY = "parallel.context_parallel_degree"
+FLEX_BLOCK = 128  # BlockMask rows: torch's CP shards whole Q blocks (_context_parallel/_attention.py)
 
 
 def check_context_parallel(run: RunConf) -> list[Problem]:
+    cp = run.parallel.context_parallel_degree
+    if cp <= 1:
+        return []
+    refused = _path(run, cp)
+    if refused:
+        return refused
+    return _lengths(run, cp)
+
+
+def _path(run: RunConf, cp: int) -> list[Problem]:
+    """The paths and backends CP cannot run."""
+    backend = run.model.attn_backend
+    if run.model.path is ModelPath.hf:
+        return [_hf(run, cp)]
+    if backend is AttnBackend.varlen:
+        what = "torchtitan refuses CP with its varlen attention (models/qwen3/model.py: 'Varlen attention is not supported with CP')"
+        return [
+            Problem(
+                "model.attn_backend",
+                backend.value,
+                what,
+                "model.attn_backend=sdpa (this project's CP: every device)",
+            )
+        ]
+    ours = backend in (AttnBackend.sdpa, AttnBackend.causal)
+    if ours and run.memory.mode is MemoryMode.trace:
+        what = (
+            f"cannot trace {KEY}={cp} with model.attn_backend={backend.value}: memory/trace.py builds the model"
+            " as torchtitan's Trainer does, without the trainer's CP attention (rank/context_parallel.py)"
+        )
+        return [Problem("memory", "trace", what, "memory=estimate")]
+    return []
+
+
+def _hf(run: RunConf, cp: int) -> Problem:
+    """model=hf: torchtitan's transformers backend shards attention for CP only through its flex
+    kernels (``experiments/transformers_modeling_backend/parallelize.py``), and this project runs
+    HF's ``sdpa`` with dense document masks (``models/hf_model.py``): each rank would attend to its
+    own slice of keys only, silently. The native model loads the same HF checkpoint."""
+    source = run.model.hf_model or "<the HF checkpoint directory>"
+    fix = (
+        f"model=native (or nki_moe for a MoE) {KEY}={cp} checkpoint.enable=true checkpoint.initial_load_path={source}"
+        f" checkpoint.initial_load_in_hf=true, or {KEY}=1"
+    )
+    what = "model=hf shards attention only through torchtitan's flex kernels; its sdpa path would attend to local keys only"
+    return Problem(KEY, cp, what, fix)
+
+
+def _lengths(run: RunConf, cp: int) -> list[Problem]:
+    """training.seq_len against every rule CP adds: the trainer's head-tail split (each of the
+    2 x cp chunks whole, sequence parallel included), MoE's token dispatcher, rope_hf's rows per
+    rank, FlexAttention's BlockMask rows."""
+    par, seq = run.parallel, run.training.seq_len
+    tp = par.tensor_parallel_degree
+    sp = tp if par.enable_sequence_parallel else 1
+    rules = [
+        (sp * 2 * cp, f"torchtitan's trainer splits each row into 2 x {cp} chunks (x sequence parallel {sp})")
+    ]
+    if run.model.flavor in MOE_FLAVORS and tp > 1:
+        rules.append(
+            (
+                cp * tp,
+                f"the MoE token dispatcher splits each rank's tokens {tp} ways (context x tensor parallel)",
+            )
+        )
+    if run.model.path is ModelPath.nki_moe and "rope_hf" in run.model.kernels:
+        lnc = run.device.lnc
+        rules.append(
+            (
+                cp * seq_multiple(lnc),
+                f"rope_hf needs each rank's {seq // cp} rows a multiple of 128 x LNC {lnc}",
+            )
+        )
+    if run.model.attn_backend is AttnBackend.flex:
+        rules.append(
+            (cp * FLEX_BLOCK, f"torch's FlexAttention CP shards whole {FLEX_BLOCK}-row BlockMask blocks")
+        )
+    for multiple, why in rules:
+        if seq % multiple:
+            fix = (
+                f"training.seq_len={(seq // multiple + 1) * multiple} (a multiple of {multiple}), or {KEY}=1"
+            )
+            return [
+                Problem(
+                    "training.seq_len", seq, f"must be a multiple of {multiple} with {KEY}={cp}: {why}", fix
+                )
+            ]
     return []

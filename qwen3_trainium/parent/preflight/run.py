@@ -187,6 +187,24 @@ def relayed(run: RunConf, error: str) -> Problem:
                    "change the value it names")  # fmt: skip
 
 
+def context_parallel_seams(run: RunConf) -> list[Problem]:
+    """The seams our SDPA's context parallel relies on (``config/seams.py``, ``context_parallel``),
+    each missing one named; probed where the swap is tried, whatever else probed the run's seams."""
+    from qwen3_trainium.config import seams
+    from qwen3_trainium.parent.preflight.stack import TITAN_FIX, installed
+
+    cp_seams = [seam for seam in seams.SEAMS if "context_parallel" in seam.needed_by]
+    return [
+        Problem(
+            "versions.torchtitan",
+            installed("torchtitan"),
+            f"torchtitan seam {seam.name} is missing ({error}); used by {seam.uses}",
+            f"{TITAN_FIX}; or parallel.context_parallel_degree=1",
+        )
+        for seam, error in seams.missing(cp_seams)
+    ]
+
+
 def check_titan(run: RunConf, run_dir: str):
     """Let torchtitan validate here, as each rank would: build the Trainer.Config, size the
     model against it (seq_len vs RoPE table, TP vs heads) and apply the overrides, on a copy.
@@ -212,7 +230,8 @@ def check_titan(run: RunConf, run_dir: str):
         # as the rank's trainer does before torchtitan's (rank/context_parallel.py): CP with our SDPA
         from qwen3_trainium.rank.context_parallel import use_context_parallel_attention
 
-        use_context_parallel_attention(trial)
+        if use_context_parallel_attention(trial) is not None and (missing := context_parallel_seams(run)):
+            return missing, None
         trial.model_spec.model.update_from_config(config=trial)
         try:
             apply_overrides(trial.override, trial)

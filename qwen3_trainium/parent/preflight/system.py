@@ -68,14 +68,14 @@ def check_degrees(run: RunConf, shape: estimate.ModelShape) -> tuple[list[Proble
             )
         )
     sp = tp if par.enable_sequence_parallel else 1
-    divisor = sp * (2 * par.context_parallel_degree if par.context_parallel_degree > 1 else 1)
-    if run.training.seq_len % divisor:
+    # with context parallel, context.py checks seq_len against all of CP's rules (this one included)
+    if par.context_parallel_degree == 1 and run.training.seq_len % sp:
         problems.append(
             Problem(
                 "training.seq_len",
                 run.training.seq_len,
-                f"must be divisible by {divisor} (sequence parallel {sp} x context parallel)",
-                f"a multiple of {divisor}",
+                f"must be divisible by {sp} (sequence parallel: tensor_parallel_degree)",
+                f"a multiple of {sp}",
             )
         )
     dp = par.data_parallel_replicate_degree * shard
