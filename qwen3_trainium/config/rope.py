@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 YARN = "yarn"
 DEFAULT = "default"
+DEFAULT_THETA = 10000.0  # Transformers' PreTrainedConfig.default_theta: a config.json with no theta
 QWEN3_ORIGINAL = 32768  # Qwen3's pretraining context (Qwen3 docs, "Enabling Long Context")
 # The keys of a yarn rope_scaling this project computes (Transformers' _compute_yarn_parameters).
 YARN_KEYS = ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow")
@@ -70,8 +71,7 @@ def checkpoint_rope(config: dict) -> dict:
     """``rope_parameters`` as Transformers 5 makes it from a config.json dict (either form)."""
     legacy = config.get("rope_scaling")
     params = dict(legacy or config.get("rope_parameters") or {})
-    if "rope_theta" in config:
-        params.setdefault("rope_theta", config["rope_theta"])
+    params.setdefault("rope_theta", config.get("rope_theta", DEFAULT_THETA))
     params["rope_type"] = params.get("rope_type", params.get("type")) or DEFAULT  # "type" stays, as there
     if params["rope_type"] == YARN:  # a top-level original_max_position_embeddings is not read for Qwen3
         params.setdefault("original_max_position_embeddings", config.get("max_position_embeddings"))

@@ -36,6 +36,7 @@ FORMS = {  # a Transformers-4.x config.json (as the Hub's Qwen3), and a Transfor
     "5.x rope_parameters": _tiny_config(rope_parameters={**YARN4, "rope_theta": 1e6}, max_position_embeddings=131072),
     "4.x default": _tiny_config(rope_theta=1e6, rope_scaling=None),
     "legacy type, no original": _tiny_config(rope_theta=1e6, rope_scaling={"type": "yarn", "factor": 2.0}),
+    "both forms, rope_scaling wins": _tiny_config(rope_scaling=YARN4, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
     "top-level original": _tiny_config(rope_theta=5e6, rope_scaling=YARN4, original_max_position_embeddings=16384),
 }  # fmt: skip
 
