@@ -138,7 +138,8 @@ def render(record: dict) -> str:
         f"# Passkey retrieval after step {record.get('step', '?')}",
         "",
         f"Prompts of {record['length']} tokens (the answer's room included), {kind}; a random key at"
-        f" each depth of the filler, {record['trials_per_depth']} keys per depth (seed {record['seed']});"
+        f" each depth of the filler, {record['trials_per_depth']} key{'s' if record['trials_per_depth'] != 1 else ''}"
+        f" per depth (seed {record['seed']});"
         " greedy decoding; right when the answer's first number is the key.",
         "",
         "| depth | accuracy | keys | answers |",
