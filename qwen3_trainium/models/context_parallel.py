@@ -26,7 +26,7 @@ _attention.py``), FlexAttention has no backward on CPU (``torch/nn/attention/fle
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -35,9 +35,20 @@ import torch.distributed._functional_collectives as funcol
 @dataclass
 class ContextParallelMask:
     """The attention masks torchtitan hands to every inner attention under our CP: ``allowed``,
-    bool ``[B, 1, S/cp, S]``, True where the local query may attend the gathered key."""
+    bool ``[B, 1, S/cp, S]``, True where the local query may attend the gathered key.
+
+    ``additive(dtype)`` is SDPA's float form of it (0 or -inf, what SDPA itself turns a bool mask
+    into with ``torch.where`` on every call), made once per step and shared by every layer: SDPA
+    keeps its mask for the backward, so a bool mask would leave one float copy per layer."""
 
     allowed: torch.Tensor
+    _additive: dict = field(default_factory=dict, repr=False)
+
+    def additive(self, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in self._additive:
+            zero = torch.zeros((), dtype=dtype, device=self.allowed.device)
+            self._additive[dtype] = torch.where(self.allowed, zero, float("-inf"))
+        return self._additive[dtype]
 
 
 def document_ids(positions: torch.Tensor) -> torch.Tensor:

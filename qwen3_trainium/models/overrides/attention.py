@@ -112,7 +112,7 @@ class ContextParallelSDPA(Module):
     torchtitan refuses CP for those two classes (``Qwen3Model.Config.update_from_config``,
     ``distributed/full_dtensor.validate_config``) because ITS kernels cannot shard them; this
     one does its own sharding. The trainer puts it in place of the varlen node before torchtitan
-    builds the model (``rank/trainer.py``, ``ContextParallelAttention``)."""
+    builds the model (``rank/context_parallel.py``, ``use_context_parallel_attention``)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(Module.Config):
@@ -143,7 +143,7 @@ class ContextParallelSDPA(Module):
             q_BLNH.transpose(1, 2),
             k_BLNH.transpose(1, 2),
             v_BLNH.transpose(1, 2),
-            attn_mask=allowed,
+            attn_mask=attention_masks.additive(q_BLNH.dtype),
             scale=scale,
             enable_gqa=enable_gqa,
         )
