@@ -53,15 +53,29 @@ class ContextParallelAttention:
     def __init__(self, config, *args, **kwargs):
         self._cp_documents = use_context_parallel_attention(config)
         super().__init__(config, *args, **kwargs)
+        validator = getattr(self, "validator", None)
+        if self._cp_documents is not None and validator is not None:
+            # torchtitan's Validator shards its batches with its own copy of the trainer's code
+            # (components/validate.py: "TODO: deduplicate with Trainer.post_dataloading_process")
+            validator.post_dataloading_process = self._masked(validator.post_dataloading_process)
 
     def post_dataloading_process(self, input_dict, labels):
-        whole_row = input_dict.get("positions")
-        inputs, labels, extra_kwargs = super().post_dataloading_process(input_dict, labels)
-        if self._cp_documents is not None:
-            extra_kwargs["attention_masks"] = shard_mask(
-                whole_row,
-                self.parallel_dims.get_mesh("cp"),
-                self.config.parallelism.context_parallel_load_balancer,
-                documents=self._cp_documents,
-            )
-        return inputs, labels, extra_kwargs
+        return self._masked(super().post_dataloading_process)(input_dict, labels)
+
+    def _masked(self, shard):
+        """torchtitan's ``post_dataloading_process`` (``shard``), then our mask when CP swapped the
+        attention: from the whole row's positions, read before torchtitan shards them."""
+
+        def sharded_with_mask(input_dict, labels, *args):
+            whole_row = input_dict.get("positions")
+            inputs, labels, extra_kwargs = shard(input_dict, labels, *args)
+            if self._cp_documents is not None:
+                extra_kwargs["attention_masks"] = shard_mask(
+                    whole_row,
+                    self.parallel_dims.get_mesh("cp"),
+                    self.config.parallelism.context_parallel_load_balancer,
+                    documents=self._cp_documents,
+                )
+            return inputs, labels, extra_kwargs
+
+        return sharded_with_mask

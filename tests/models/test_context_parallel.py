@@ -113,3 +113,10 @@ def test_no_swap_without_cp_or_on_the_hf_path(tmp_path, overrides):
     assert use_context_parallel_attention(config) is None
     if hasattr(config.model_spec.model, "layers"):
         assert all(type(node) is VarlenAttention.Config for node in _inner(config))
+
+
+def test_a_forward_without_the_cp_mask_is_refused_naming_what_is_split():
+    q, k, v = _qkv()
+    node = ContextParallelSDPA(ContextParallelSDPA.Config())
+    with pytest.raises(RuntimeError, match="this forward has no CP mask"):
+        node(q, k, v, attention_masks=None)

@@ -98,3 +98,22 @@ def test_a_missing_cp_seam_is_named(monkeypatch):
     (problem,) = context_parallel_seams(resolve(*CP2))
     assert problem.key == "versions.torchtitan"
     assert "torchtitan.distributed.context_parallel.cp_shard is missing" in problem.message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["eval=on"], "eval.sample_tokens"),
+        (["eval.long_context=true"], "eval.long_context"),
+        (["checkpoint=hf_export"], "checkpoint.export_check"),
+    ],
+)
+def test_whole_sequence_forwards_are_refused_with_cp_each_with_its_switch(overrides, key):
+    problems = _problems(*CP2, *overrides)
+    assert key in [p.key for p in problems]
+    (problem,) = [p for p in problems if p.key == key]
+    assert problem.fix.startswith(f"{key}=")
+
+
+def test_held_out_validation_without_samples_passes_with_cp():
+    assert _problems(*CP2, "eval=on", "eval.sample_tokens=0") == []

@@ -132,6 +132,12 @@ class ContextParallelSDPA(Module):
         enable_gqa: bool = False,
         **kwargs,
     ) -> torch.Tensor:
+        if not isinstance(attention_masks, ContextParallelMask):  # a forward outside the trainer's step
+            raise RuntimeError(
+                "context parallel: this forward has no CP mask; only the trainer's and validator's"
+                " batches are split over the CP ranks (greedy samples, the export check and the passkey"
+                " eval are refused with CP before launch: parent/preflight/context.py)"
+            )
         allowed = attention_masks.allowed
         if k_BLNH.shape[1] != allowed.shape[-1]:
             raise RuntimeError(

@@ -24,7 +24,7 @@ def check_context_parallel(run: RunConf) -> list[Problem]:
     cp = run.parallel.context_parallel_degree
     if cp <= 1:
         return []
-    refused = _path(run, cp)
+    refused = _path(run, cp) or _whole_rows(run)
     if refused:
         return refused
     return _lengths(run, cp)
@@ -109,3 +109,44 @@ def _lengths(run: RunConf, cp: int) -> list[Problem]:
                 )
             ]
     return []
+
+
+WHOLE_ROWS = (
+    "runs whole prompts on every rank, and CP attention needs rows the trainer split over the CP ranks"
+)
+
+
+def _whole_rows(run: RunConf) -> list[Problem]:
+    """The forwards outside the training and validation steps (the probe and decode of
+    ``rank/probe.py``, ``rank/samples.py``, the passkey eval) feed every rank the same whole
+    sequence: refused under CP, each with its switch. Held-out validation is split like training."""
+    problems = []
+    if run.eval.enable and run.eval.sample_tokens > 0 and run.eval.sample_prompts:
+        problems.append(
+            Problem(
+                "eval.sample_tokens",
+                run.eval.sample_tokens,
+                f"greedy samples: {WHOLE_ROWS}",
+                f"eval.sample_tokens=0 (validation still runs), or {KEY}=1",
+            )
+        )
+    if run.eval.long_context:
+        problems.append(
+            Problem(
+                "eval.long_context",
+                True,
+                f"the passkey eval: {WHOLE_ROWS}",
+                f"eval.long_context=false, or {KEY}=1",
+            )
+        )
+    ckpt = run.checkpoint
+    if ckpt.enable and ckpt.last_save_in_hf and ckpt.export_check:
+        problems.append(
+            Problem(
+                "checkpoint.export_check",
+                True,
+                f"the export check's probe: {WHOLE_ROWS}",
+                f"checkpoint.export_check=false (the export is still written), or {KEY}=1",
+            )
+        )
+    return problems
