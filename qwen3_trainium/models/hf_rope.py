@@ -50,11 +50,12 @@ def same_rope(config: dict, rope: Rope) -> bool:
     return not rope.yarn or all(_equal(own.get(k), getattr(rope, k)) for k in COMPARED if k != "rope_type")
 
 
-def with_rope(config: dict, rope: Rope, theta: float) -> dict:
+def with_rope(config: dict, rope: Rope) -> dict:
     """``config`` (a source's config.json) carrying ``rope``: unchanged keys where it already says
-    it, the other form added where it has one only; every RoPE key rewritten where it does not."""
+    it, the other form added where it has one only; every RoPE key rewritten where it does not.
+    ``rope_theta`` stays the source's (the flavor check holds the flavor's to it)."""
     own = checkpoint_rope(config)
-    theta = own.get("rope_theta", theta)
+    theta = own["rope_theta"]
     if not same_rope(config, rope):
         return config | rope_fields(rope, theta)
     added = dict(config)
@@ -66,10 +67,10 @@ def with_rope(config: dict, rope: Rope, theta: float) -> dict:
     return added
 
 
-def config_json(source_text: str, rope: Rope, theta: float) -> str:
+def config_json(source_text: str, rope: Rope) -> str:
     """A source config.json's text with ``rope`` written in: verbatim if it holds both forms already."""
     config = json.loads(source_text)
-    updated = with_rope(config, rope, theta)
+    updated = with_rope(config, rope)
     if updated == config:
         return source_text
     return json.dumps(updated, indent=2) + "\n"

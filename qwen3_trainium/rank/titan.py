@@ -122,7 +122,7 @@ def _hf_config_json(run: RunConf, spec, source_dir: str | None) -> str:
         from qwen3_trainium.models.hf_rope import config_json
 
         with open(os.path.join(source_dir, "config.json")) as f:
-            return config_json(f.read(), rope, theta=flavors.TINY_DIMS["rope_theta"])
+            return config_json(f.read(), rope)
     from qwen3_trainium.rank.checkpoint import hf_config_json
 
     return hf_config_json(spec.model, rope)

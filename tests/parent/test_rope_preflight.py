@@ -4,7 +4,6 @@ max_position_embeddings, YaRN's values, and model.rope_scaling against a checkpo
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
