@@ -10,8 +10,12 @@ divide the layers). Per rank:
 - activations saved for backward, per layer and token, tensor by tensor (the layer's input,
   norms, residuals, q/k/v, q/k norms, rotated q/k, attention output, SwiGLU's four ``F``-wide
   tensors), divided by ``tp`` and ``cp``: selective checkpointing keeps the matmul outputs,
-  full the layer's input, both plus the layer being recomputed; attention probabilities
-  ``B x H x S x S`` where SDPA's math kernel keeps them (CPU, and the trace);
+  full the layer's input, both plus the layer being recomputed;
+- attention (``attention_parts``): on CPU the probabilities ``B x H x S/cp x S`` (torch's CPU
+  kernels, at their worst); on a device none (flash: ``memory/flash.py``); the document SDPA's
+  boolean mask; context parallel's all-gathered K/V;
+- torchtitan's RoPE cache, float32 in every layer (``rope_table_bytes``); on the grouped MoE
+  route, the routed ``[T x top_k, dim]`` tensors of the layer in backward (``moe_routed_bytes``);
 - ``model=nki_moe``'s blockwise op: what it saves for backward over every padded block slot
   (``kernels.rules.num_blocks``), in every layer without checkpointing, else in one;
 - one chunk of logits (all of them on the HF path) with their float32 copy and gradient;
@@ -32,6 +36,12 @@ if TYPE_CHECKING:  # the parent plans memory without importing torch
     import torch
 
 from qwen3_trainium.config.schema import ACMode, RunConf
+from qwen3_trainium.memory.sequence import (
+    attention_parts,
+    moe_routed_bytes,
+    rope_table_bytes,
+    tp_gathered_bytes,
+)
 
 GiB = 2**30
 
@@ -210,68 +220,11 @@ def estimate(run: RunConf, shape: ModelShape, *, dp_shard: int, capacity: int | 
     parts["logits (+ grad)"] = int((compute + 8) * tokens * shape.vocab / chunks)
     if shape.num_experts and not blockwise:
         parts["MoE routed tokens"] = int(moe_routed_bytes(shape, local_tokens, compute))
+    if par.tensor_parallel_degree > 1:
+        parts["TP gathered sequence"] = tp_gathered_bytes(run, shape, local_tokens, compute)
     parts.update(attention_parts(run, shape, compute, layers))
     parts["RoPE cache (fp32)"] = rope_table_bytes(run, shape)
     freed = sum(v for k, v in parts.items() if not k.startswith(("parameters", "AdamW", "FSDP")))
     if 4 * shape.trained // split > freed:  # the end of backward: gradients where activations were
         parts["gradients (fp32)"] = 4 * shape.trained // split - freed
     return Estimate(parts, capacity)
-
-
-def moe_routed_bytes(shape: ModelShape, tokens: int, compute: int) -> int:
-    """The routed ``[T x top_k, dim]`` tensors of the MoE layer in backward (``model=native``'s
-    grouped route: torchtitan's ``LocalTokenDispatcher``). ``T`` is every token of the rank's
-    sequence shard: under tensor parallel the MoE runs on the sequence-parallel tokens gathered
-    (``moe.py``: input "redistributed from sp_layout"). Per element: the routed input and output
-    in the compute dtype, the float32 copy ``combine`` multiplies by the scores (and saves), and
-    in backward the float32 gradients of that product and of the copy, and the compute-dtype
-    gradient: ``3 x compute + 3 x 4`` bytes (18 in bfloat16; the 30B-A3B trace's peak at 32,768
-    tokens holds four 2 GiB float32 and a 1 GiB bfloat16 ``[262,144, 2,048]``, 2026-12-06)."""
-    return tokens * shape.top_k * shape.dim * (3 * compute + 12)
-
-
-def attention_parts(run: RunConf, shape: ModelShape, compute: int, layers: float) -> dict[str, int]:
-    """Attention's own memory per rank, on the queries this rank holds (``S / cp``).
-    - Context parallel all-gathers K/V across the group (the document SDPA's CP): the full
-      ``[B, S, kv_heads / tp, head_dim]`` K and V in every layer whose inputs are saved, and their
-      gradients before the reduce-scatter in the layer in backward.
-    - The document SDPA (``attn_backend=sdpa``) builds a boolean ``[B, 1, S, S]`` mask in each
-      layer, which the kernel's backward reads again; under CP the trainer builds one
-      ``[B, 1, S / cp, S]`` mask for the rank's queries, which every layer reads.
-    - The probabilities ``B x H / tp x S / cp x S``: on CPU only (torch's CPU kernels, which the
-      estimate takes at their worst, the math kernel). A device keeps the output and a
-      log-sum-exp per query row (flash attention: ``memory/flash.py`` says what is known and
-      what is assumed for Neuron), a few bytes per token already counted with the activations.
-    Without checkpointing every layer holds them; with it, the layer being recomputed."""
-    par, train, ac = run.parallel, run.training, run.activation_checkpoint.mode
-    batch, seq, cp, tp = (
-        train.local_batch_size,
-        train.seq_len,
-        par.context_parallel_degree,
-        par.tensor_parallel_degree,
-    )
-    alive = layers if ac is ACMode.none else 1
-    rows = seq // cp
-    parts: dict[str, int] = {}
-    if cp > 1:
-        kv = 2 * batch * seq * shape.kv_dim / tp * compute
-        parts["CP gathered K/V (+ grad)"] = int(kv * alive + kv)
-    if cp > 1:  # the one mask the trainer builds for the rank's shard, read by every layer
-        parts["attention mask (bool)"] = batch * rows * seq
-    elif run.model.attn_backend.value == "sdpa":  # each layer builds its own
-        parts["attention mask (bool)"] = int(batch * rows * seq * alive)
-    if run.device.type.value == "cpu":
-        heads = shape.n_heads / tp
-        parts["attention matrices"] = int(batch * heads * rows * seq * 2 * compute * alive)
-    return parts
-
-
-def rope_table_bytes(run: RunConf, shape: ModelShape) -> int:
-    """torchtitan's RoPE cache: ``[seq_len, 2 x head_dim]`` cos and sin in float32, one per
-    attention layer (``CosSinRoPE._precompute_cache``, a non-persistent buffer of each layer's
-    ``RoPE`` module; ``Decoder.update_from_config`` rebuilds it at ``training.seq_len``), on every
-    rank: nothing shards it. The HF path computes cos/sin per step from ``inv_freq`` instead."""
-    if run.model.path.value == "hf":
-        return 0
-    layers = shape.n_layers / run.parallel.pipeline_parallel_degree
-    return int(layers * run.training.seq_len * 2 * shape.head_dim * 4)

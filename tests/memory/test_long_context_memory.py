@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from conftest import resolve
 
-from qwen3_trainium.memory import estimate, flash
+from qwen3_trainium.memory import estimate, flash, sequence
 
 GiB = 2**30
 # Qwen3-30B-A3B's shape (torchtitan's flavor; Hub config.json: 48 layers, 32 x 128 query heads,
@@ -40,14 +40,14 @@ def test_the_rope_cache_is_seq_by_twice_head_dim_float32_in_every_layer(seq, gib
     """48 layers x seq x 256 x 4 bytes: 1.5 GiB at 32,768, 6 GiB at 131,072, on every rank."""
     for layout in ("parallel=trn2_tp4_fsdp16", "parallel=trn2_dp64"):
         run = _neuron(layout, f"training.seq_len={seq}")
-        assert estimate.rope_table_bytes(run, QWEN3_30B_A3B) == gib * GiB
+        assert sequence.rope_table_bytes(run, QWEN3_30B_A3B) == gib * GiB
         parts = estimate.estimate(run, QWEN3_30B_A3B, dp_shard=16, capacity=None).parts
         assert parts["RoPE cache (fp32)"] == gib * GiB
 
 
 def test_the_hf_path_keeps_no_rope_cache():
     run = resolve("model=hf", "device=neuron", "training.seq_len=32768")
-    assert estimate.rope_table_bytes(run, QWEN3_30B_A3B) == 0
+    assert sequence.rope_table_bytes(run, QWEN3_30B_A3B) == 0
 
 
 def test_context_parallel_counts_gathered_kv_one_mask_and_local_queries():
@@ -83,7 +83,7 @@ def test_on_cpu_the_probabilities_are_local_queries_by_all_keys():
         "training.local_batch_size=1",
         "activation_checkpoint.mode=full",
     )
-    parts = estimate.attention_parts(run, QWEN3_30B_A3B, compute=4, layers=48)
+    parts = sequence.attention_parts(run, QWEN3_30B_A3B, compute=4, layers=48)
     assert parts["attention matrices"] == 32 * 2048 * 4096 * 2 * 4
 
 
@@ -145,3 +145,50 @@ def test_the_device_attention_computes_what_torchs_sdpa_computes():
     for mine, theirs in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
     assert F.scaled_dot_product_attention is not flash.flash_sdpa  # restored on exit
+
+
+TRACE_TINY = """
+import contextlib, json, sys
+sys.path.insert(0, "tests")
+from conftest import resolve
+from qwen3_trainium.memory import flash, trace
+run = resolve("model=native", "model.flavor=tiny", "device=neuron", "launcher.nproc_per_node=1", "parallel=fsdp",
+              "training.seq_len=2048", "training.local_batch_size=1", "activation_checkpoint.mode=none")
+if sys.argv[1] == "cpu_kernel":  # torch's CPU kernel, as the trace ran a device run before flash.py
+    flash.device_attention = lambda device_type: contextlib.nullcontext()
+result = trace.trace(run, sys.argv[2], trace.ceilings_for(run))
+print(json.dumps({"parts": result.parts, "flops": result.step_flops, "layers": run.model.flavor}))
+"""
+
+
+def _tiny_trace(kernel: str, tmp_path) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-c", TRACE_TINY, kernel, str(tmp_path / kernel)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.heavy  # two traces of the tiny model in their own processes: about a minute
+def test_a_neuron_trace_holds_no_float_mask_per_layer_and_counts_attention_flops(tmp_path):
+    """The tiny flavor on Neuron at 2,048 tokens without checkpointing, traced with the device's
+    attention and with torch's CPU kernel. Both keep a float32 log-sum-exp (torch 2.14's CPU
+    kernel is a flash kernel too), but the CPU kernel turns each layer's boolean mask into a
+    bfloat16 [1, 1, 2048, 2048] copy and keeps that (8 MiB), where the device model keeps the
+    boolean mask the model built (4 MiB): 4 MiB less per layer. The CPU kernel has no FLOP
+    formula in torch; the device model has SDPA's, at least the forward's two matmuls and the
+    backward's five for every layer (4 heads of 64)."""
+    from qwen3_trainium.config import flavors
+
+    layers = len(flavors.model_spec("tiny", "varlen").model.layers)
+    cpu, device = _tiny_trace("cpu_kernel", tmp_path), _tiny_trace("flash", tmp_path)
+    saved = cpu["parts"]["activations"] - device["parts"]["activations"]
+    assert saved == layers * 2048 * 2048 * (2 - 1)
+    attention = (2 + 5) * 2 * 4 * 2048 * 2048 * 64  # matmuls x 2 FLOPs x heads x L x S x dim
+    assert device["flops"] - cpu["flops"] == layers * attention
