@@ -75,7 +75,7 @@ BAD = [  # (overrides, the key the problem must name)
     (["model.flavor=32B", "parallel=trn2_dp64", "training.local_batch_size=16"], "memory"),
     (["checkpoint.last_save_in_hf=true", "checkpoint.last_save_model_only=false"], "(torchtitan)"),
     (["model=nki_moe", f"override.imports=[{OTHER_ROPE}]"], "override.imports"),
-    (["training.seq_len=8192"], "(torchtitan)"),
+    (["training.seq_len=65536"], "training.seq_len"),
 ]
 
 

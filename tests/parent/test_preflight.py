@@ -100,9 +100,10 @@ def test_problem_text_names_key_value_and_fix():
 
 
 def test_seq_len_beyond_the_rope_table_is_caught_before_launch():
-    problems = preflight.check(resolve("training.seq_len=8192"), "/tmp", launching=False)
-    assert [p.key for p in problems] == ["(torchtitan)"]
-    assert "8192" in problems[0].message
+    # the tiny flavor's table is Qwen3's 40960 positions: past it, the rope check names YaRN
+    problems = preflight.check(resolve("training.seq_len=65536"), "/tmp", launching=False)
+    assert [p.key for p in problems] == ["training.seq_len"]
+    assert "40960" in problems[0].message and "model.rope_scaling.factor=2.0" in problems[0].fix
 
 
 def test_a_key_added_with_plus_is_refused_with_the_nearest_spelling():
