@@ -38,9 +38,9 @@ def _run(tmp_path, name: str, *args: str) -> list[dict]:
     return rows
 
 
-def _parity(tmp_path, *model: str, moe: bool = False) -> None:
+def _parity(tmp_path, *model: str, moe: bool = False, layout: tuple[str, ...] = ()) -> None:
     one = _run(tmp_path, "cp1", *model, *_init(moe), "launcher.nproc_per_node=1")
-    cp2 = _run(tmp_path, "cp2", *model, *_init(moe), "parallel=cpu2_cp2")
+    cp2 = _run(tmp_path, "cp2", *model, *_init(moe), "parallel=cpu2_cp2", *layout)
     assert len(one) == len(cp2)
     for a, b in zip(one, cp2, strict=True):
         if "val_loss" in a:  # eval=on: torchtitan's validator, its batches sharded as the trainer's
@@ -67,3 +67,10 @@ def test_moe_cp2_matches_cp1_losses_and_grad_norms(tmp_path):
 def test_nki_moe_cp2_matches_cp1_losses_and_grad_norms(tmp_path):
     # rope_hf's rule holds for each rank's share: 512 / CP 2 = 256 = 128 x LNC 2
     _parity(tmp_path, "model=nki_moe", "training.seq_len=512", moe=True)
+
+
+def test_tensor_parallel_2_with_cp2_matches_cp1(tmp_path):
+    # 4 ranks: tensor parallel 2 (sequence parallel on) x CP 2; the mask is broadcast over the
+    # TP-sharded heads
+    layout = ("launcher.nproc_per_node=4", "launcher.oversubscribe=true", "parallel.tensor_parallel_degree=2")
+    _parity(tmp_path, "model=native", layout=layout)
