@@ -10,7 +10,9 @@ varlen node becomes a ``ContextParallelSDPA`` node and those two overrides leave
 
 ``post_dataloading_process``: torchtitan's (masks only for Flex/Varlen nodes, so none for ours;
 then ``prepare_context_parallel_input`` shards inputs, labels and positions), then our mask from
-the whole row's positions, sharded the same way (``shard_mask``).
+the whole row's positions, sharded the same way (``shard_mask``). torchtitan's ``Validator``
+has its own copy of that sharding, so its hook is wrapped the same way (held-out validation
+under CP: the same loss as without, tests/rank/test_context_parallel_e2e.py).
 """
 
 from __future__ import annotations
