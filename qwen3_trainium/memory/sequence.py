@@ -31,8 +31,9 @@ def attention_parts(run: RunConf, shape: ModelShape, compute: int, layers: float
       ``[B, S, kv_heads / tp, head_dim]`` K and V in every layer whose inputs are saved, and their
       gradients before the reduce-scatter in the layer in backward.
     - The document SDPA (``attn_backend=sdpa``) builds a boolean ``[B, 1, S, S]`` mask in each
-      layer, which the kernel's backward reads again; under CP the trainer builds one
-      ``[B, 1, S / cp, S]`` mask for the rank's queries, which every layer reads.
+      layer, which the kernel's backward reads again; under CP one ``[B, 1, S / cp, S]`` mask for
+      the rank's queries, boolean and in the compute dtype (``ContextParallelMask.additive``,
+      ``models/context_parallel.py``: made once per step, passed to every layer's SDPA).
     - The probabilities ``B x H / tp x S / cp x S``: on CPU only (torch's CPU kernels, which the
       estimate takes at their worst, the math kernel). A device keeps the output and a
       log-sum-exp per query row (flash attention: ``memory/flash.py`` says what is known and
@@ -51,8 +52,8 @@ def attention_parts(run: RunConf, shape: ModelShape, compute: int, layers: float
     if cp > 1:
         kv = 2 * batch * seq * shape.kv_dim / tp * compute
         parts["CP gathered K/V (+ grad)"] = int(kv * alive + kv)
-    if cp > 1:  # the one mask the trainer builds for the rank's shard, read by every layer
-        parts["attention mask (bool)"] = batch * rows * seq
+    if cp > 1:  # the rank's one mask, boolean and its float form, made once per step, read by every layer
+        parts["CP mask (bool + float)"] = batch * rows * seq * (1 + compute)
     elif run.model.attn_backend.value == "sdpa":  # each layer builds its own
         parts["attention mask (bool)"] = int(batch * rows * seq * alive)
     if run.device.type.value == "cpu":

@@ -53,7 +53,8 @@ def test_the_hf_path_keeps_no_rope_cache():
 def test_context_parallel_counts_gathered_kv_one_mask_and_local_queries():
     """CP 4 at 32,768 tokens, TP 1, bfloat16, full checkpointing: K and V gathered to the whole
     row in the recomputed layer, [1, 32768, 4 x 128] x 2 bytes each, and as much again for their
-    gradients (4 x 32 MiB); the trainer's one [1, 1, 8192, 32768] boolean mask (256 MiB); no
+    gradients (4 x 32 MiB); the rank's one [1, 1, 8192, 32768] mask, boolean and bfloat16, made once
+    per step (768 MiB); no
     probabilities on a device; and the saved activations of 8,192 local tokens, not 32,768."""
     base = (
         "parallel=trn2_dp64",
@@ -66,7 +67,7 @@ def test_context_parallel_counts_gathered_kv_one_mask_and_local_queries():
     ).parts
     cp1 = estimate.estimate(_neuron(*base), QWEN3_30B_A3B, dp_shard=64, capacity=None).parts
     assert cp4["CP gathered K/V (+ grad)"] == 4 * 32768 * 512 * 2 == 128 * 2**20
-    assert cp4["attention mask (bool)"] == 8192 * 32768 == 256 * 2**20
+    assert cp4["CP mask (bool + float)"] == 8192 * 32768 * (1 + 2) == 768 * 2**20
     assert "attention matrices" not in cp4
     assert cp4["activations"] * 4 == cp1["activations"]
     assert cp4["MoE routed tokens"] * 4 == cp1["MoE routed tokens"] == 32768 * 8 * 2048 * 18
