@@ -63,6 +63,7 @@ def _torchtitan_lines(run: RunConf) -> list[tuple[bool | None, str]]:
             run.device.type.value,
             run.memory.mode.value,
             moe=run.model.flavor in flavors.MOE_FLAVORS,
+            cp=run.parallel.context_parallel_degree > 1,
         )
     }
     private = sum(seam.is_private for seam in seams.SEAMS)

@@ -238,7 +238,24 @@ def _eval(run: RunConf, run_dir: str) -> tuple[object, dict]:
         chat_template=_chat_template(run) if chat else "",
         chat_template_kwargs=dict(run.data.chat_template_kwargs or {}),
     )
-    return train, {"validator": validator, "samples": sample_config}
+    return train, {"validator": validator, "samples": sample_config, "passkey": _passkey(run, run_dir, chat)}
+
+
+def _passkey(run: RunConf, run_dir: str, chat: bool):
+    """eval.long_context: the passkey check's config (length 0: none)."""
+    from qwen3_trainium.rank import passkey
+
+    ev = run.eval
+    return passkey.PasskeyConfig(
+        length=(ev.long_context_length or run.training.seq_len) if ev.long_context else 0,
+        depths=list(ev.long_context_depths),
+        trials=ev.long_context_trials,
+        seed=run.debug.seed if run.debug.seed is not None else 0,  # preflight/passkey.seed's rule
+        path=os.path.join(run_dir, passkey.PASSKEY_JSON),
+        tokenizer_dir=run.data.hf_assets_path,
+        chat_template=_chat_template(run) if chat else "",
+        chat_template_kwargs=dict(run.data.chat_template_kwargs or {}),
+    )
 
 
 def _chat_template(run: RunConf, text: bool = False) -> str:

@@ -35,8 +35,9 @@ import torch
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
-from qwen3_trainium.rank import samples, stop
+from qwen3_trainium.rank import passkey, samples, stop
 from qwen3_trainium.rank.context_parallel import ContextParallelAttention
+from qwen3_trainium.rank.passkey import PasskeyConfig
 from qwen3_trainium.rank.samples import SampleConfig
 from qwen3_trainium.shared import stopfiles
 from qwen3_trainium.shared.contract import RUN_DIR_ENV
@@ -118,14 +119,24 @@ class SampleAfterTraining:
 
     def train(self):
         super().train()
-        config = self.config.samples
-        if not config.prompts or config.tokens <= 0 or self.stopped_at is not None:
+        config, check = self.config.samples, self.config.passkey
+        sampling = bool(config.prompts) and config.tokens > 0
+        if not (sampling or check.length > 0) or self.stopped_at is not None:
             return
         if len(self.model_parts) != 1:  # pre-flight refuses this; a stage has no whole model
-            logger.warning("samples: skipped, the model is split into pipeline stages")
+            logger.warning("samples and passkey: skipped, the model is split into pipeline stages")
             return
         # the gloo group the stop flags use (made now when no step boundary made it)
         group = self._stop_group if self._first_step is not None else agreement_group()
+        if sampling:
+            self._sample(config, group)
+        if check.length > 0:
+            with self.train_context():
+                record = passkey.passkey_on_ranks(self.model_parts[0], check, group, step=self.step)
+            self.metrics_processor.log_passkey(record["metrics"], self.step)
+            logger.info(f"passkey: {len(record['trials'])} keys at {check.length} tokens: {check.path}")
+
+    def _sample(self, config: SampleConfig, group) -> None:
         checkpoint = self.config.checkpoint
         exported = checkpoint.enable and checkpoint.last_save_in_hf
         with self.train_context():
@@ -167,5 +178,7 @@ def trainer_class(hf: bool) -> type:
         class Config(base_config):
             samples: SampleConfig = field(default_factory=SampleConfig)
             """Greedy samples after the last step (``samples.py``); no prompts: none."""
+            passkey: PasskeyConfig = field(default_factory=PasskeyConfig)
+            """The passkey check after the last step (``passkey.py``); length 0: none."""
 
     return StopAtSignalTrainer

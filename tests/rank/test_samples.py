@@ -21,6 +21,7 @@ from qwen3_trainium.config import schema
 from qwen3_trainium.data.assets import TOKENIZER_DIR
 from qwen3_trainium.parent import samples_check
 from qwen3_trainium.rank import samples
+from qwen3_trainium.rank.passkey import PasskeyConfig
 
 VOCAB = 508  # the shipped tokenizer's; its EOS <|endoftext|> is id 0
 
@@ -175,6 +176,7 @@ def test_trainer_skips_samples_after_a_stop_and_for_pipeline_stages(monkeypatch)
     t = Trainer()
     t.config = SimpleNamespace(
         samples=samples.SampleConfig(prompts=["x"], tokens=2, path="unused", tokenizer_dir="unused"),
+        passkey=PasskeyConfig(),
         training=SimpleNamespace(mixed_precision_param="bfloat16", seq_len=256),
         checkpoint=SimpleNamespace(enable=True, last_save_in_hf=True, export_dtype="bfloat16"),
     )

@@ -109,7 +109,8 @@ def check_seams(run: RunConf) -> list[Problem]:
     name (a fork or a torch that lacks one fails here)."""
     problems = []
     moe = run.model.flavor in flavors.MOE_FLAVORS
-    needed = seams.needed(run.model.path.value, run.device.type.value, run.memory.mode.value, moe=moe)
+    cp = run.parallel.context_parallel_degree > 1
+    needed = seams.needed(run.model.path.value, run.device.type.value, run.memory.mode.value, moe=moe, cp=cp)
     for seam, error in seams.missing(needed):
         package = "torch" if seam.target.partition(":")[0].split(".")[0] == "torch" else "torchtitan"
         message = f"{package} seam {seam.name} is missing ({error}); used by {seam.uses}"
