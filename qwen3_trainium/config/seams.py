@@ -125,7 +125,7 @@ SEAMS: tuple[Seam, ...] = (
     Seam("torchtitan.components.validate:Validator", "held-out loaders pad when asked to be infinite (data/loaders.py)", mentions="infinite"),
     Seam("torchtitan.components.dataloader:ParallelAwareDataloader.state_dict", "pre-flight reads a step's data state (preflight/resume_data.py)", mentions="world_size"),
     # eval=on: torchtitan's Validator, when it runs, and how it logs.
-    Seam("torchtitan.trainer:Trainer.Config", "eval=on (titan._eval)", fields=("validator",)),
+    Seam("torchtitan.trainer:Trainer.Config", "eval=on (titan_eval.evaluation)", fields=("validator",)),
     Seam("torchtitan.components.validate:Validator.Config", "eval.*", fields=("enable", "freq", "steps", "dataloader")),
     Seam("torchtitan.components.validate:BaseValidator.should_validate", "eval.freq and the last step (validator.py)"),
     Seam("torchtitan.components.metrics:MetricsProcessor.log_validation", "val_loss, val_perplexity (metrics.py)"),

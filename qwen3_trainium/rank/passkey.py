@@ -29,7 +29,7 @@ PASSKEY_MD = "passkey.md"
 class PasskeyConfig:
     length: int = 0
     """Tokens of each prompt, the answer's room included (``eval.long_context_length``, 0 read as
-    ``training.seq_len`` by ``titan._eval``); 0 here: no check."""
+    ``training.seq_len`` by ``titan_eval.evaluation``); 0 here: no check."""
     depths: list[float] = field(default_factory=list)
     trials: int = 1
     """Keys per depth."""

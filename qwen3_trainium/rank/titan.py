@@ -14,6 +14,7 @@ from enum import Enum
 
 from qwen3_trainium.config import cpu_device, devices, flavors, runconfig
 from qwen3_trainium.config.schema import ACMode, AttnBackend, ModelPath, RunConf
+from qwen3_trainium.rank import titan_eval
 from qwen3_trainium.shared.contract import METRICS_NAME, PROBE_NAME, RUN_DIR_ENV
 
 SDPA_OVERRIDE = "qwen3_trainium.models.overrides.attention.document_sdpa"
@@ -150,7 +151,7 @@ def _checkpoint(run: RunConf, spec, run_dir: str):
             hf_config_json=_hf_config_json(run, spec, source),
             tokenizer_dir=run.data.hf_assets_path,
             source_dir=source or "",
-            chat_template=_chat_template(run, text=True) if run.data.chat_template else "",
+            chat_template=titan_eval.chat_template(run, text=True) if run.data.chat_template else "",
         )
         if run.checkpoint.export_check:
             kwargs["probe_path"] = os.path.join(run_dir, PROBE_NAME)
@@ -215,57 +216,6 @@ def _model_parts(run: RunConf) -> tuple[type, dict]:
     return config_cls, parts
 
 
-def _eval(run: RunConf, run_dir: str) -> tuple[object, dict]:
-    """(the training dataloader, the eval fields: validator and samples). eval=on reads held-out
-    records (``heldout.py``, ``data/chat/source.py``) the training stream then never sees; every
-    rank reads its share of them once, then padding (``data/loaders.py``)."""
-    from qwen3_trainium.data.loaders import dataloaders
-    from qwen3_trainium.rank import samples
-    from qwen3_trainium.rank.validator import HeldOutValidator
-
-    train, val = dataloaders(run, run_dir)
-    if not run.eval.enable:
-        return train, {}
-    chat = run.data.format.value != "text"
-    validator = HeldOutValidator.Config(
-        enable=True, freq=run.eval.freq, steps=run.eval.steps, last_step=run.training.steps, dataloader=val
-    )
-    sample_config = samples.SampleConfig(
-        prompts=list(run.eval.sample_prompts) if run.eval.sample_tokens > 0 else [],
-        tokens=run.eval.sample_tokens,
-        path=os.path.join(run_dir, samples.SAMPLES_JSON),
-        tokenizer_dir=run.data.hf_assets_path,
-        chat_template=_chat_template(run) if chat else "",
-        chat_template_kwargs=dict(run.data.chat_template_kwargs or {}),
-    )
-    return train, {"validator": validator, "samples": sample_config, "passkey": _passkey(run, run_dir, chat)}
-
-
-def _passkey(run: RunConf, run_dir: str, chat: bool):
-    """eval.long_context: the passkey check's config (length 0: none)."""
-    from qwen3_trainium.rank import passkey
-
-    ev = run.eval
-    return passkey.PasskeyConfig(
-        length=(ev.long_context_length or run.training.seq_len) if ev.long_context else 0,
-        depths=list(ev.long_context_depths),
-        trials=ev.long_context_trials,
-        seed=run.debug.seed if run.debug.seed is not None else 0,  # preflight/passkey.seed's rule
-        path=os.path.join(run_dir, passkey.PASSKEY_JSON),
-        tokenizer_dir=run.data.hf_assets_path,
-        chat_template=_chat_template(run) if chat else "",
-        chat_template_kwargs=dict(run.data.chat_template_kwargs or {}),
-    )
-
-
-def _chat_template(run: RunConf, text: bool = False) -> str:
-    """Where the run's chat template comes from (``text``: its text); empty when there is none."""
-    from qwen3_trainium.data.chat.template import find_template
-
-    found = find_template(run.data.hf_assets_path, run.data.chat_template)
-    return "" if found is None else found[0] if text else found[1]
-
-
 def to_trainer_config(run: RunConf, run_dir: str):
     """The torchtitan ``Trainer.Config`` for a resolved run config. Pure (with eval=on it also
     registers the held-out loaders in torchtitan's dataset registry, the same every time)."""
@@ -273,7 +223,7 @@ def to_trainer_config(run: RunConf, run_dir: str):
     from torchtitan.config import CompileConfig, DebugConfig, OverrideConfig, ParallelismConfig
 
     config_cls, model_parts = _model_parts(run)
-    dataloader, evaluation = _eval(run, run_dir)
+    dataloader, evaluation = titan_eval.evaluation(run, run_dir)
     return config_cls(
         **model_parts,
         **evaluation,

@@ -1,4 +1,4 @@
-"""Pre-flight of context parallel (parent/preflight/context.py, run.check_titan): the paths and
+"""Pre-flight of context parallel (parent/preflight/context.py, titan.check_titan): the paths and
 backends it refuses, the lengths that must divide, the seams it needs; and a CP run it passes."""
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_cp_on_nki_moe_and_tiny_moe_passes_the_full_preflight():
 def test_a_missing_cp_seam_is_named(monkeypatch):
     import torchtitan.distributed.context_parallel as titan_cp
 
-    from qwen3_trainium.parent.preflight.run import context_parallel_seams
+    from qwen3_trainium.parent.preflight.titan import context_parallel_seams
 
     monkeypatch.delattr(titan_cp, "cp_shard")
     (problem,) = context_parallel_seams(resolve(*CP2))

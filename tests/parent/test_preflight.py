@@ -115,7 +115,7 @@ def test_a_key_added_with_plus_is_refused_with_the_nearest_spelling():
 
 
 def test_torchtitan_messages_are_relayed_under_our_key_names():
-    from qwen3_trainium.parent.preflight.run import ours, relayed
+    from qwen3_trainium.parent.preflight.titan import ours, relayed
 
     text = "training.local_batch_size (3) must be evenly divisible by parallelism.pipeline_parallel_microbatch_size (2)"
     assert ours(text) == text.replace("parallelism.", "parallel.")

@@ -128,7 +128,7 @@ def _write_step(run, run_dir, step: int = 2) -> str:
     import torch.distributed.checkpoint as dcp
 
     from qwen3_trainium.data.loaders import dataloaders
-    from qwen3_trainium.parent.preflight.run import check_titan
+    from qwen3_trainium.parent.preflight.titan import check_titan
 
     compose.save(run, str(run_dir))
     _, trial = check_titan(run, str(run_dir))

@@ -61,7 +61,7 @@ def _trials(run: RunConf) -> list[Problem]:
 
 
 def seed(run: RunConf) -> int:
-    """The keys' seed: debug.seed (0 when unset), as ``titan._eval`` hands it to the ranks."""
+    """The keys' seed: debug.seed (0 when unset), as ``titan_eval.evaluation`` hands it to the ranks."""
     return run.debug.seed if run.debug.seed is not None else 0
 
 

@@ -9,8 +9,8 @@ from qwen3_trainium.config.schema import MemoryMode, RunConf
 from qwen3_trainium.parent.preflight.checkpoint import check_checkpoint_contents
 from qwen3_trainium.parent.preflight.peft import check_targets, is_lora, trainable_note
 from qwen3_trainium.parent.preflight.problem import Problem
-from qwen3_trainium.parent.preflight.run import check_titan
 from qwen3_trainium.parent.preflight.system import check_degrees, check_memory, check_trace
+from qwen3_trainium.parent.preflight.titan import check_titan
 
 
 def check_built(run: RunConf, run_dir: str, notes: list[str], facts: dict) -> list[Problem]:
