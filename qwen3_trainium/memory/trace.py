@@ -90,14 +90,20 @@ def _fake_world(world: int) -> None:
 class _Rank:
     """The parts of torchtitan's ``Trainer`` its step reads, with the step's own code."""
 
-    def __init__(self, config, parallel_dims, model_config, model, loss_fn) -> None:
+    def __init__(self, config, parallel_dims, model_config, model, loss_fn, cp_documents=None) -> None:
         from torchtitan.distributed import utils as dist_utils
         from torchtitan.trainer import Trainer
 
+        from qwen3_trainium.rank.context_parallel import ContextParallelAttention
+
         self.config, self.parallel_dims, self.model_config = config, parallel_dims, model_config
         self.model_parts, self.loss_fn, self.ntokens_seen = [model], loss_fn, 0
+        self.device = "cpu"  # where the trace's tensors live (CP's input sharding reads it)
         self.train_context = dist_utils.get_spmd_context(parallel_dims=parallel_dims, spmd_typechecking=False)
-        self._post = Trainer.post_dataloading_process.__get__(self)
+        # the trainer's CP mask after torchtitan's sharding, as rank/context_parallel.py adds it
+        self._cp_documents = cp_documents
+        post = Trainer.post_dataloading_process.__get__(self)
+        self._post = ContextParallelAttention._masked(self, post)
         self._body = Trainer._forward_backward_body.__get__(self)
 
     def batch(self, fake_mode):
@@ -173,9 +179,12 @@ def trace(run, run_dir: str, ceilings=None) -> Trace:
     world = runconfig.degrees(run).world
     _fake_world(world)
     config = titan.to_trainer_config(run, run_dir)
+    from qwen3_trainium.rank.context_parallel import use_context_parallel_attention
+
+    cp_documents = use_context_parallel_attention(config)  # as the trainer does, before building
     parallel_dims, model_config, model, flops_per_token = _build(config, world)
     loss_fn = config.loss.build(compile_config=config.compile)
-    rank = _Rank(config, parallel_dims, model_config, model, loss_fn)
+    rank = _Rank(config, parallel_dims, model_config, model, loss_fn, cp_documents)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     batch = rank.batch(fake_mode)  # masks from real positions (nonzero has no fake shape)
     with fake_mode, flash.device_attention(run.device.type.value):  # the device's kernel (flash.py)

@@ -171,8 +171,12 @@ def _tiny_trace(kernel: str, tmp_path) -> dict:
 
     done = subprocess.run(
         [sys.executable, "-c", TRACE_TINY, kernel, str(tmp_path / kernel)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -193,3 +197,34 @@ def test_a_neuron_trace_holds_no_float_mask_per_layer_and_counts_attention_flops
     assert saved == layers * 2048 * 2048 * (2 - 1)
     attention = (2 + 5) * 2 * 4 * 2048 * 2048 * 64  # matmuls x 2 FLOPs x heads x L x S x dim
     assert device["flops"] - cpu["flops"] == layers * attention
+
+
+@pytest.mark.heavy  # two traces of the tiny model, 10-20 s each
+def test_a_cp_layout_traces_with_the_trainers_cp_attention_and_halves_the_activations(tmp_path):
+    """Tensor parallel 2 x CP 2 on Neuron (tiny, 1,024 tokens, no checkpointing), traced as the
+    trainer runs it (rank/context_parallel.py's attention and mask): the trace finishes, and each
+    rank holds half the row's activations plus the gathered K/V and one mask for the step (CP 1
+    keeps a [1, 1, 1024, 1024] mask per layer): between a third and all of CP 1's."""
+    from qwen3_trainium.memory import trace
+    from qwen3_trainium.parent.preflight import system
+
+    base = (
+        "model=native",
+        "model.flavor=tiny",
+        "device=neuron",
+        "parallel=trn2_tp4_fsdp16",
+        "launcher.nproc_per_node=8",
+        "parallel.tensor_parallel_degree=2",
+        "training.seq_len=1024",
+        "training.local_batch_size=1",
+        "model.attn_backend=sdpa",
+        "activation_checkpoint.mode=none",
+    )
+    traced = {}
+    for cp in (1, 2):
+        data, why = system.run_trace(
+            resolve(*base, f"parallel.context_parallel_degree={cp}"), str(tmp_path / f"{cp}")
+        )
+        assert data is not None, why
+        traced[cp] = trace.Trace(**data).parts["activations"]
+    assert traced[1] / 3 < traced[2] < traced[1]
