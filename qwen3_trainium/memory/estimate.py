@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the parent plans memory without importing torch
     import torch
 
 from qwen3_trainium.config.schema import ACMode, RunConf
+from qwen3_trainium.memory.model_shape import ModelShape  # noqa: F401  (re-exported: estimate.ModelShape)
 from qwen3_trainium.memory.sequence import (
     attention_parts,
     moe_routed_bytes,
@@ -44,34 +45,6 @@ from qwen3_trainium.memory.sequence import (
 )
 
 GiB = 2**30
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    params: int
-    largest_layer: int
-    n_layers: int
-    dim: int
-    q_dim: int
-    kv_dim: int
-    ffn: int  # per token: FFN width (dense) or top_k x expert width (MoE)
-    n_heads: int
-    n_kv_heads: int
-    vocab: int
-    num_experts: int
-    largest_unit: int = 0  # the largest FSDP unit: a layer, the embedding or the output head
-    top_k: int = 0
-    expert_width: int = 0
-    trainable: int = -1  # parameters with gradients and optimizer states (-1: all; peft=lora: the adapters)
-    adapters: tuple[tuple[str, int], ...] = ()  # peft=lora: (adapted Linear of a layer, its rank)
-
-    @property
-    def trained(self) -> int:
-        return self.params if self.trainable < 0 else self.trainable
-
-    @property
-    def head_dim(self) -> int:
-        return self.q_dim // self.n_heads
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,8 @@ rank; ``estimate.py`` adds them to its parts."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from qwen3_trainium.config.schema import ACMode, RunConf
-
-if TYPE_CHECKING:
-    from qwen3_trainium.memory.estimate import ModelShape
+from qwen3_trainium.memory.model_shape import ModelShape
 
 
 def moe_routed_bytes(shape: ModelShape, tokens: int, compute: int) -> int:

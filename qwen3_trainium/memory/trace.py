@@ -37,7 +37,6 @@ PARTS = {
     "activations": ("Activation",),
     "backward temporaries": ("Temp",),
 }
-HF_CHECKPOINT_BYTES = 2  # the published Qwen3 safetensors hold bfloat16
 
 
 @dataclass
@@ -171,7 +170,7 @@ def trace(run, run_dir: str, ceilings=None) -> Trace:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from qwen3_trainium.config import cpu_device, runconfig
-    from qwen3_trainium.memory import flash
+    from qwen3_trainium.memory import flash, tracing
     from qwen3_trainium.rank import titan
 
     start = time.perf_counter()
@@ -203,7 +202,7 @@ def trace(run, run_dir: str, ceilings=None) -> Trace:
         par.tensor_parallel_degree * par.pipeline_parallel_degree * par.context_parallel_degree
     )
     if run.checkpoint.enable and run.checkpoint.initial_load_in_hf:
-        result.load_parts = _load_parts(model, config)
+        result.load_parts = tracing.load_parts(model)
     result.trace_seconds = time.perf_counter() - start
     return result
 
@@ -220,39 +219,6 @@ def _init_weights(model) -> None:
 
     with torch.no_grad(), mock.patch("torch.nn.init.trunc_normal_", lambda tensor, *a, **k: tensor):
         model.init_weights(buffer_device=None)
-
-
-def _load_parts(model, config) -> dict[str, int]:
-    """The peak of ``initial_load_in_hf``, from the traced tensors: the rank's parameters, already
-    materialised in ``training.dtype``, plus what torch's ``HuggingFaceStorageReader`` stages: one
-    tensor's slice at a time, read in the checkpoint's bfloat16 and copied into the parameter
-    (``hf_storage.py`` ``_process_read_request``); for MoE, torchtitan's ``from_hf`` stacks the
-    per-expert tensors into new grouped tensors before ``load_state_dict`` copies them
-    (``models/qwen3/state_dict_adapter.py``); with the fused experts (``model=nki_moe``) the
-    adapter first reads into contiguous copies in torchtitan's layout and fuses gate and up again
-    after the stack (``overrides/blockwise_experts.py``). Host-side reads (the file's mmap) are not device
-    memory and are left out."""
-    from torch.distributed.tensor import DTensor
-
-    def local(t):
-        return t.to_local() if isinstance(t, DTensor) else t
-
-    params = {name: local(p) for name, p in model.named_parameters()}
-    at_rest = sum(p.numel() * p.element_size() for p in params.values())
-    experts = sum(p.numel() * p.element_size() for name, p in params.items() if "experts" in name)
-    gate_up = sum(p.numel() * p.element_size() for name, p in params.items() if name.endswith("gate_up_ED2F"))
-    parts = {
-        "parameters (loaded into)": at_rest,
-        "largest tensor read (bf16)": max((p.numel() for p in params.values()), default=0)
-        * HF_CHECKPOINT_BYTES,
-    }
-    if gate_up:  # the fused layout (blockwise_experts.py): torchtitan's layout read into, then fused
-        parts["experts as w1/w2/w3 (to_hf)"] = experts
-    if experts:
-        parts["experts restacked (from_hf)"] = experts
-    if gate_up:
-        parts["gate/up fused (from_hf)"] = gate_up
-    return parts
 
 
 def _traced_steps(rank: _Rank, optimizers, batch, ceilings) -> Trace:

@@ -6,6 +6,7 @@ runs inside its own ``FakeTensorMode`` where torch's tools expect eager tensors:
 - ``untracked_sharding_propagation``: DTensor's global-shape metadata runs are not memory;
 - ``balanced_routing``: expert parallel's all-to-all sized without token counts;
 - ``float32_grouped_mm``: torch's fake ``_grouped_mm`` for the float32 experts CPU runs.
+And ``load_parts``: the peak of ``initial_load_in_hf``, from the traced tensors.
 """
 
 from __future__ import annotations
@@ -147,3 +148,39 @@ def step_tracker():
             super()._pre_fw_hook(module, inputs)
 
     return StepTracker()
+
+
+HF_CHECKPOINT_BYTES = 2  # the published Qwen3 safetensors hold bfloat16
+
+
+def load_parts(model) -> dict[str, int]:
+    """The peak of ``initial_load_in_hf``, from the traced tensors: the rank's parameters, already
+    materialised in ``training.dtype``, plus what torch's ``HuggingFaceStorageReader`` stages: one
+    tensor's slice at a time, read in the checkpoint's bfloat16 and copied into the parameter
+    (``hf_storage.py`` ``_process_read_request``); for MoE, torchtitan's ``from_hf`` stacks the
+    per-expert tensors into new grouped tensors before ``load_state_dict`` copies them
+    (``models/qwen3/state_dict_adapter.py``); with the fused experts (``model=nki_moe``) the
+    adapter first reads into contiguous copies in torchtitan's layout and fuses gate and up again
+    after the stack (``overrides/blockwise_experts.py``). Host-side reads (the file's mmap) are not device
+    memory and are left out."""
+    from torch.distributed.tensor import DTensor
+
+    def local(t):
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    params = {name: local(p) for name, p in model.named_parameters()}
+    at_rest = sum(p.numel() * p.element_size() for p in params.values())
+    experts = sum(p.numel() * p.element_size() for name, p in params.items() if "experts" in name)
+    gate_up = sum(p.numel() * p.element_size() for name, p in params.items() if name.endswith("gate_up_ED2F"))
+    parts = {
+        "parameters (loaded into)": at_rest,
+        "largest tensor read (bf16)": max((p.numel() for p in params.values()), default=0)
+        * HF_CHECKPOINT_BYTES,
+    }
+    if gate_up:  # the fused layout (blockwise_experts.py): torchtitan's layout read into, then fused
+        parts["experts as w1/w2/w3 (to_hf)"] = experts
+    if experts:
+        parts["experts restacked (from_hf)"] = experts
+    if gate_up:
+        parts["gate/up fused (from_hf)"] = gate_up
+    return parts

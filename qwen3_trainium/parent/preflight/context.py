@@ -10,7 +10,7 @@ Where CP runs (docs/context_parallel.md): model=native and model=nki_moe with ``
 
 from __future__ import annotations
 
-from qwen3_trainium.config.choices import AttnBackend, MemoryMode, ModelPath
+from qwen3_trainium.config.choices import AttnBackend, ModelPath
 from qwen3_trainium.config.flavors import MOE_FLAVORS
 from qwen3_trainium.config.schema import RunConf
 from qwen3_trainium.models.kernels.rules import seq_multiple
@@ -45,13 +45,6 @@ def _path(run: RunConf, cp: int) -> list[Problem]:
                 "model.attn_backend=sdpa (this project's CP: every device)",
             )
         ]
-    ours = backend in (AttnBackend.sdpa, AttnBackend.causal)
-    if ours and run.memory.mode is MemoryMode.trace:
-        what = (
-            f"cannot trace {KEY}={cp} with model.attn_backend={backend.value}: memory/trace.py builds the model"
-            " as torchtitan's Trainer does, without the trainer's CP attention (rank/context_parallel.py)"
-        )
-        return [Problem("memory", "trace", what, "memory=estimate")]
     return []
 
 
