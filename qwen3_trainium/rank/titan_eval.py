@@ -17,9 +17,10 @@ def evaluation(run: RunConf, run_dir: str) -> tuple[object, dict]:
     from qwen3_trainium.rank.validator import HeldOutValidator
 
     train, val = dataloaders(run, run_dir)
-    if not run.eval.enable:
-        return train, {}
     chat = run.data.format.value != "text"
+    passkey = {"passkey": _passkey(run, run_dir, chat)} if run.eval.long_context else {}
+    if not run.eval.enable:  # the passkey check runs without held-out loss too
+        return train, passkey
     validator = HeldOutValidator.Config(
         enable=True, freq=run.eval.freq, steps=run.eval.steps, last_step=run.training.steps, dataloader=val
     )
@@ -31,7 +32,7 @@ def evaluation(run: RunConf, run_dir: str) -> tuple[object, dict]:
         chat_template=chat_template(run) if chat else "",
         chat_template_kwargs=dict(run.data.chat_template_kwargs or {}),
     )
-    return train, {"validator": validator, "samples": sample_config, "passkey": _passkey(run, run_dir, chat)}
+    return train, {"validator": validator, "samples": sample_config, **passkey}
 
 
 def _passkey(run: RunConf, run_dir: str, chat: bool):

@@ -1,5 +1,5 @@
-"""Pre-flight of ``eval.long_context``, the passkey check after training (``rank/passkey.py``):
-it runs with eval=on, on the whole model, at depths within the filler, on prompts that fit the
+"""Pre-flight of ``eval.long_context``, the passkey check after training (``rank/passkey.py``;
+with or without eval=on's held-out loss): it runs on the whole model, at depths within the filler, on prompts that fit the
 rotary table and hold the key and the question.
 
 The length: each greedy forward is the prompt plus the answer so far, padded to a multiple of 256
@@ -26,10 +26,6 @@ def check_long_context(run: RunConf) -> list[Problem]:
     ev = run.eval
     if not ev.long_context:
         return []
-    if not ev.enable:
-        return [
-            Problem("eval.long_context", True, "runs after training with eval=on only", f"eval=on, or {OFF}")
-        ]
     if run.parallel.pipeline_parallel_degree > 1:
         what = (
             "the passkey check decodes on the whole model, and pipeline stages split it "
