@@ -14,6 +14,7 @@ from qwen3_trainium.data import assets
 from qwen3_trainium.models import hf
 from qwen3_trainium.parent import preflight
 from qwen3_trainium.rank.titan import to_trainer_config
+from tests.support.tiny_models import build_tiny
 
 TINY = str(assets.ensure_hf_model())
 HF_INIT = [
@@ -92,31 +93,8 @@ def test_embedded_hf_model_is_complete_and_deterministic(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _build(tmp_path, *overrides):
-    """The model a rank would train, built in this process from the same translation."""
-    import copy
-
-    from torchtitan.config import apply_overrides
-
-    cfg = to_trainer_config(resolve("device=cpu", *overrides), str(tmp_path))
-    cfg = copy.deepcopy(cfg)
-    cfg.model_spec.model.update_from_config(config=cfg)
-    apply_overrides(cfg.override, cfg)
-    with torch.device("meta"):
-        model = cfg.model_spec.model.build()
-    model.to_empty(device="cpu")
-    with torch.no_grad():
-        model.init_states(buffer_device=None) if hasattr(model, "init_states") else model.init_weights()
-    adapter = cfg.model_spec.state_dict_adapter(cfg.model_spec.model, cfg.hf_assets_path)
-    missing, unexpected = model.load_state_dict(
-        adapter.from_hf(load_file(f"{TINY}/model.safetensors")), strict=False
-    )
-    assert (missing, unexpected) == ([], [])
-    return model.eval()
-
-
 def test_rope_buffers_are_rebuilt_after_meta_init(tmp_path):
-    model = _build(tmp_path, "model=hf")
+    model = build_tiny(tmp_path, "model=hf")
     rotary = model.model.model.rotary_emb
     expected, _ = rotary.compute_default_rope_parameters(rotary.config)
     assert torch.equal(rotary.inv_freq, expected)
@@ -126,7 +104,7 @@ def test_hf_and_native_logits_match_on_the_same_weights(tmp_path):
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
 
-    native, hf_model = _build(tmp_path, "model=native"), _build(tmp_path, "model=hf")
+    native, hf_model = build_tiny(tmp_path, "model=native"), build_tiny(tmp_path, "model=hf")
     tokenizer = HuggingFaceTokenizer(tokenizer_path=TINY)
     data = HuggingFaceTextDataset("c4_test", str(assets.CORPUS_DIR), tokenizer, seq_len=256)
     batch, labels = next(iter(data))

@@ -14,14 +14,9 @@ from qwen3_trainium.config import flavors, rope
 from qwen3_trainium.data import assets
 from qwen3_trainium.models import hf_config
 from qwen3_trainium.rank.titan import to_trainer_config
+from tests.support.tiny_models import QWEN_YARN, YARN4
 
 TINY = assets.ensure_hf_model()
-YARN4 = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
-QWEN_YARN = (
-    "model.rope_scaling.rope_type=yarn",
-    "model.rope_scaling.factor=4",
-    "model.rope_scaling.original_max_position_embeddings=32768",
-)
 
 
 def _tiny_config(**changes) -> dict:

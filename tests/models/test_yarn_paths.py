@@ -4,48 +4,24 @@ tiny HF checkpoint exports a directory Transformers reloads with the same logits
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 
 import pytest
 import torch
 from conftest import read_metrics, resolve, run_launch
-from safetensors.torch import load_file
 from transformers import AutoConfig
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from qwen3_trainium.data import assets
 from qwen3_trainium.rank.titan import to_trainer_config
+from tests.support.tiny_models import QWEN_YARN, YARN4, build_tiny
 
 TINY = str(assets.ensure_hf_model())
-QWEN_YARN = (
-    "model.rope_scaling.rope_type=yarn",
-    "model.rope_scaling.factor=4",
-    "model.rope_scaling.original_max_position_embeddings=32768",
-)
-YARN4 = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
-
-
-def _build(tmp_path, *overrides):
-    """The model a rank would train (as tests/models/test_hf_path.py builds it), tiny weights loaded."""
-    from torchtitan.config import apply_overrides
-
-    cfg = copy.deepcopy(to_trainer_config(resolve("device=cpu", *overrides), str(tmp_path)))
-    cfg.model_spec.model.update_from_config(config=cfg)
-    apply_overrides(cfg.override, cfg)
-    with torch.device("meta"):
-        model = cfg.model_spec.model.build()
-    model.to_empty(device="cpu")
-    with torch.no_grad():
-        model.init_states(buffer_device=None)
-    adapter = cfg.model_spec.state_dict_adapter(cfg.model_spec.model, cfg.hf_assets_path)
-    model.load_state_dict(adapter.from_hf(load_file(f"{TINY}/model.safetensors")), strict=True)
-    return model.eval()
 
 
 def test_model_hf_trains_transformers_yarn_from_model_rope_scaling(tmp_path):
-    model = _build(tmp_path, "model=hf", *QWEN_YARN)
+    model = build_tiny(tmp_path, "model=hf", *QWEN_YARN)
     rotary = model.model.model.rotary_emb
     reference = AutoConfig.from_pretrained(
         TINY, rope_parameters={**YARN4, "rope_theta": 1e6}, max_position_embeddings=131072
@@ -56,9 +32,9 @@ def test_model_hf_trains_transformers_yarn_from_model_rope_scaling(tmp_path):
 
 
 def test_native_yarn_and_hf_yarn_give_the_same_logits(tmp_path):
-    native = _build(tmp_path / "n", "model=native", *QWEN_YARN)
-    hf_model = _build(tmp_path / "h", "model=hf", *QWEN_YARN)
-    plain = _build(tmp_path / "p", "model=native")
+    native = build_tiny(tmp_path / "n", "model=native", *QWEN_YARN)
+    hf_model = build_tiny(tmp_path / "h", "model=hf", *QWEN_YARN)
+    plain = build_tiny(tmp_path / "p", "model=native")
     tokens = torch.randint(0, 512, (1, 256), generator=torch.Generator().manual_seed(0))
     positions = torch.arange(256)[None]
     with torch.no_grad():

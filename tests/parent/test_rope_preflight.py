@@ -13,14 +13,9 @@ from qwen3_trainium.config import flavors, rope
 from qwen3_trainium.data import assets
 from qwen3_trainium.parent.preflight import check_static
 from qwen3_trainium.parent.preflight.rope import check_rope
+from tests.support.tiny_models import QWEN_YARN, YARN4
 
 TINY = assets.ensure_hf_model()
-YARN4 = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
-QWEN_YARN = (
-    "model.rope_scaling.rope_type=yarn",
-    "model.rope_scaling.factor=4",
-    "model.rope_scaling.original_max_position_embeddings=32768",
-)
 
 
 def _checkpoint(tmp_path: Path, **changes) -> str:
