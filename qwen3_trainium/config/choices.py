@@ -19,6 +19,15 @@ class AttnBackend(Enum):
     causal = "causal"  # causal SDPA over the whole row, no document masks: unpacked data only
 
 
+class MoEBalance(Enum):
+    """``model.moe_balance``: how a Qwen3-MoE run keeps its experts' load even (docs/moe.md)."""
+
+    auto = "auto"  # aux_loss when the weights come from or go to Hugging Face, else bias
+    aux_loss = "aux_loss"  # Transformers' load_balancing_loss_func (Qwen3MoeForCausalLM)
+    bias = "bias"  # torchtitan's aux-loss-free expert bias (MoE.Config.load_balance_coeff)
+    none = "none"
+
+
 class RopeType(Enum):
     """``model.rope_scaling.rope_type``: Hugging Face's ``rope_parameters["rope_type"]`` values that
     Qwen3 uses (transformers ``modeling_rope_utils.py`` ``ROPE_INIT_FUNCTIONS``)."""

@@ -20,6 +20,7 @@ from qwen3_trainium.config.choices import (
     ExportDtype,
     MemoryMode,
     ModelPath,
+    MoEBalance,
     OptimizerImpl,
     OptimizerName,
     ParamDtype,
@@ -74,6 +75,11 @@ class ModelConf:
     # and no checkpoint value of its own: original_max_position_embeddings x factor.
     max_position_embeddings: int = -1
     rope_scaling: RopeScalingConf = field(default_factory=RopeScalingConf)
+    # MoE flavors: expert load balance (docs/moe.md). The aux loss coefficient: None: the HF
+    # checkpoint's router_aux_loss_coef, else Transformers' default 0.001.
+    moe_balance: MoEBalance = MoEBalance.auto
+    moe_aux_loss_coef: float | None = None
+    moe_z_loss_coef: float = 0.0  # router z-loss (ST-MoE): mean of logsumexp(router logits)^2
 
 
 @dataclass
@@ -195,6 +201,8 @@ class TrackingConf:
     run_id: str = ""  # W&B run id; empty: made once and kept in <run_dir>/wandb_run_id (resume reuses it)
     group: str = ""  # W&B group; empty: the multirun's sweep id (none for a single run)
     tags: list[str] = field(default_factory=list)  # added to the model:, device:, parallel: tags
+    # MoE: warn when an expert of a layer receives no token for this many steps in a row (0: off)
+    expert_idle_warn_steps: int = 100
 
 
 @dataclass

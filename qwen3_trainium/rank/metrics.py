@@ -54,6 +54,9 @@ JSONL_KEYS = {
 # eval.long_context: rank/passkey.py's figures, "passkey/accuracy" -> "passkey_accuracy",
 # "passkey/depth_0.5" -> "passkey_depth_0.5", logged once after the last step
 PASSKEY_PREFIX = "passkey/"
+# MoE figures of the trainer's extra sources (rank/moe_balance.py, rank/expert_load.py):
+# "moe/aux_loss" -> "moe_aux_loss", "moe/load_max_over_mean" -> "moe_load_max_over_mean"
+MOE_PREFIX = "moe/"
 WARN_FRACTION = 0.9
 
 
@@ -61,6 +64,8 @@ def jsonl_key(key: str) -> str | None:
     """The metrics.jsonl name of a torchtitan metric key, or None when it is not written."""
     if key.startswith(PASSKEY_PREFIX):
         return "passkey_" + key.removeprefix(PASSKEY_PREFIX)
+    if key.startswith(MOE_PREFIX):
+        return "moe_" + key.removeprefix(MOE_PREFIX)
     return JSONL_KEYS.get(key)
 
 
@@ -156,6 +161,9 @@ class JsonlMetricsProcessor(MetricsProcessor):
             self.gpu_peak_flops = config.peak_flops_per_rank
         self._warned_memory = False
         self._noted_watch = False
+        # callables(step) -> {metric key: value}, run on every rank at each log step (they may
+        # hold collectives): the trainer's MoE figures (rank/moe_balance.py, rank/expert_load.py)
+        self.extra_sources: list = []
 
     def _watch_hbm(self) -> dict[str, float]:
         """This rank's HBM figures on Neuron; says once which source the watched peak comes from."""
@@ -177,6 +185,8 @@ class JsonlMetricsProcessor(MetricsProcessor):
             torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
             peak = float(value.item())
         extra = dict(extra_metrics or {})
+        for source in self.extra_sources:
+            extra.update(source(step))
         extra["memory/max_reserved_all_ranks(GiB)"] = peak
         if utils.device_type == "neuron":
             extra.update(self._watch_hbm())

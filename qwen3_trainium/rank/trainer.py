@@ -37,6 +37,8 @@ from torchtitan.tools.logging import logger
 
 from qwen3_trainium.rank import passkey, samples, stop
 from qwen3_trainium.rank.context_parallel import ContextParallelAttention
+from qwen3_trainium.rank.expert_load import ExpertLoad, ExpertLoadConfig
+from qwen3_trainium.rank.moe_balance import BalanceConfig, MoEBalance
 from qwen3_trainium.rank.passkey import PasskeyConfig
 from qwen3_trainium.rank.samples import SampleConfig
 from qwen3_trainium.shared import stopfiles
@@ -173,12 +175,18 @@ def trainer_class(hf: bool) -> type:
 
         base, base_config = Trainer, Trainer.Config
 
-    class StopAtSignalTrainer(SampleAfterTraining, StopAtSignal, ContextParallelAttention, base):
+    class StopAtSignalTrainer(
+        SampleAfterTraining, StopAtSignal, ExpertLoad, MoEBalance, ContextParallelAttention, base
+    ):
         @dataclass(kw_only=True, slots=True)
         class Config(base_config):
             samples: SampleConfig = field(default_factory=SampleConfig)
             """Greedy samples after the last step (``samples.py``); no prompts: none."""
             passkey: PasskeyConfig = field(default_factory=PasskeyConfig)
             """The passkey check after the last step (``passkey.py``); length 0: none."""
+            moe_balance: BalanceConfig = field(default_factory=BalanceConfig)
+            """The router's auxiliary losses (``moe_balance.py``); coefficients 0: none."""
+            expert_load: ExpertLoadConfig = field(default_factory=ExpertLoadConfig)
+            """Per-expert load figures and idle-expert warnings (``expert_load.py``)."""
 
     return StopAtSignalTrainer
