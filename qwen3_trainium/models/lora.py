@@ -13,8 +13,11 @@ our SDPA swap, the NKI kernels), which the frozen subclasses no longer are. So t
 deferred to the model's ``build()`` (``with_lora``): after torchtitan's ``update_from_config`` and
 ``apply_overrides``, on the tree they produced, once.
 
-Expert weights of Qwen3-MoE are ``GroupedExperts`` parameters, not ``Linear`` modules: the
-converter cannot adapt them, and ``gate_proj``/``up_proj``/``down_proj`` on an MoE model are refused.
+Expert weights of Qwen3-MoE are ``GroupedExperts`` parameters, not ``Linear`` modules, which the
+converter cannot adapt: on a MoE model ``gate_proj``/``up_proj``/``down_proj`` adapt the experts
+as parameters (``expert_lora.py``, PEFT's ``target_parameters``), after the converter has run.
+The router stays frozen: its gate is a TP-replicated ``Linear``, for which torchtitan 0.3.0's
+``_lora_adapter_sharding`` has no rule (it asserts colwise or rowwise).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ HF_TO_TITAN = {
 }
 FUSED_QKV = ("q_proj", "k_proj", "v_proj")  # one adapter on wqkv: targeted together or not at all
 EXPERT_TARGETS = ("gate_proj", "up_proj", "down_proj")
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -51,21 +55,45 @@ def valid_targets(model_config) -> list[str]:
     return [hf for hf, titan in HF_TO_TITAN.items() if titan in names]
 
 
+def is_moe(model_config) -> bool:
+    from torchtitan.models.common.moe import RoutedExperts
+
+    return any(True for _ in model_config.traverse(RoutedExperts.Config, recurse=True))
+
+
+def moe_targets(model_config) -> list[str]:
+    """The HF names that adapt a MoE model's experts (none on a dense model)."""
+    return list(EXPERT_TARGETS) if is_moe(model_config) else []
+
+
+def _titan_targets(targets: list[str], moe: bool) -> list[str]:
+    """The Linear names torchtitan's converter adapts: on MoE the expert names go to the experts."""
+    linear = [t for t in targets if t in HF_TO_TITAN and not (moe and t in EXPERT_TARGETS)]
+    return sorted({HF_TO_TITAN[t] for t in linear})
+
+
 def with_lora(model_config, *, rank: int, alpha: float, targets: list[str]):
     """``model_config`` whose ``build()`` first applies torchtitan's ``LoRAConverter`` to its
-    subtree (once), then builds. The root itself has no parameters of its own to freeze."""
+    subtree (once), then, on MoE, the expert adapters (``expert_lora.py``), then builds. The root
+    itself has no parameters of its own to freeze."""
     from dataclasses import fields
 
     from torchtitan.components.lora import LoRAConverter
 
     base = type(model_config)
-    titan_targets = sorted({HF_TO_TITAN[t] for t in targets})
-    converter = LoRAConverter.Config(rank=rank, alpha=alpha, target_modules=titan_targets)
+    moe = is_moe(model_config)
+    converter = LoRAConverter.Config(rank=rank, alpha=alpha, target_modules=_titan_targets(targets, moe))
 
     class LoRAModelConfig(base):
         def build(self, **kwargs):
             if not self.__dict__.get("_lora_converted"):
                 converter.build().convert(self)  # replaces the children in place
+                if moe:
+                    from qwen3_trainium.models import expert_lora, expert_lora_io
+
+                    parts = expert_lora_io.expert_parts(targets)
+                    if parts:  # after the converter, which freezes direct params of other configs
+                        expert_lora.convert_experts(self, rank=rank, alpha=alpha, parts=parts)
                 self.__dict__["_lora_converted"] = True
             return base.build(self, **kwargs)
 
@@ -163,11 +191,28 @@ def peft_state_dict(model, sd_adapter) -> dict:
             stem = _hf_stem(sd_adapter, f"{name}.weight")
             out[f"base_model.model.{stem}.lora_A.weight"] = a.contiguous()
             out[f"base_model.model.{stem}.lora_B.weight"] = b.contiguous()
-    return out
+    from qwen3_trainium.models import expert_lora_io
+
+    return out | expert_lora_io.peft_expert_tensors(model)  # experts: PEFT's ParamWrapper layout
 
 
-def adapter_config(*, base_model: str, rank: int, alpha: float, targets: list[str]) -> dict:
-    """PEFT's ``LoraConfig`` as ``save_pretrained`` writes it (the fields it reads back)."""
+def adapter_config(
+    *, base_model: str, rank: int, alpha: float, targets: list[str], moe: bool = False
+) -> dict:
+    """PEFT's ``LoraConfig`` as ``save_pretrained`` writes it (the fields it reads back). On a MoE
+    model the experts are parameters, listed in ``target_parameters``."""
+    config = _lora_config(base_model=base_model, rank=rank, alpha=alpha, targets=targets)
+    if moe:
+        from qwen3_trainium.models import expert_lora_io
+
+        params = expert_lora_io.target_parameters(targets)
+        if params:
+            config["target_modules"] = sorted(t for t in targets if t in ATTENTION)
+            config["target_parameters"] = params
+    return config
+
+
+def _lora_config(*, base_model: str, rank: int, alpha: float, targets: list[str]) -> dict:
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -212,7 +257,9 @@ def merge_(model) -> int:
             module.weight.add_(delta.to(module.weight.dtype))
             module.lora_b.weight.zero_()
             count += 1
-    return count
+    from qwen3_trainium.models import expert_lora_io
+
+    return count + expert_lora_io.merge_experts_(model)
 
 
 def adapter_dir(export_dir: str) -> str:

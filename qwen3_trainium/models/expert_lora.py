@@ -1,0 +1,251 @@
+"""LoRA on the routed experts (``peft.target_modules`` with ``gate_proj``/``up_proj``/``down_proj``
+on a MoE flavor), with PEFT 0.21.2's ``target_parameters`` semantics.
+
+Hugging Face's Qwen3-MoE holds each layer's experts as two 3-D parameters, ``gate_up_proj
+[E, 2I, H]`` (gate rows first) and ``down_proj [E, H, I]``; PEFT adapts them with
+``lora.ParamWrapper`` (``peft/tuners/lora/layer.py``): per expert e an independent rank-r pair,
+``W[e] + alpha/r * B_e @ A_e``, one ``A_e`` shared by the gate and the up rows (so gate and up are
+adapted together or not at all). Here the pairs are stored expert dim first, so they shard with
+the experts under FSDP (dim 0):
+
+- ``lora_a_gate_up [E, r, D]``, ``lora_b_gate_up [E, 2F, r]`` (rows: F gate, then F up);
+- ``lora_a_down [E, r, F]``, ``lora_b_down [E, D, r]``;
+
+A initialised as PEFT's (Kaiming-uniform, a=sqrt(5), fan-in = the input width), B zeros.
+
+Two ways to compute, by route:
+
+- torchtitan's grouped experts (``model=native``; ``ParamDtypeGroupedExperts`` on CPU float32):
+  the low-rank path is added before the SiLU, ``x W1^T + s (x A^T) B1^T``, with the same grouped
+  GEMMs and offsets, so no merged copy of any expert weight exists.
+- the fused blockwise op (``model=nki_moe``, ``kernels=[moe_experts]``): SiLU runs inside the
+  kernel, so it takes merged weights ``W + s*delta``. The op saves its weight inputs for backward;
+  saving the merged copy would keep one full copy of every layer's experts alive until backward
+  (the cost ``FusedExperts`` exists to avoid). A ``saved_tensors_hooks`` pair stores (W, A, B)
+  instead and recomputes the merge when backward reads it.
+
+Applied by ``lora.with_lora`` after torchtitan's ``LoRAConverter`` (which would freeze any direct
+parameter of a non-Linear config) on the experts configs it left, so it composes with the exact
+type overrides (``param_dtype_experts``, ``moe_experts``) already applied.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torchtitan.models.common.moe import GroupedExperts, RoutedExperts
+
+from qwen3_trainium.models.overrides.blockwise_experts import BlockwiseRoutedExperts, FusedExperts
+from qwen3_trainium.models.overrides.experts import ParamDtypeGroupedExperts
+
+GATE_UP, DOWN = "gate_up", "down"
+ADAPTER_PARAMS = ("lora_a_gate_up", "lora_b_gate_up", "lora_a_down", "lora_b_down")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def adapter_shapes(num_experts: int, dim: int, width: int, rank: int, parts) -> dict[str, tuple]:
+    """Name -> shape of the adapters of ``parts`` (``gate_up``, ``down``)."""
+    shapes = {}
+    if GATE_UP in parts:
+        shapes.update(lora_a_gate_up=(num_experts, rank, dim), lora_b_gate_up=(num_experts, 2 * width, rank))
+    if DOWN in parts:
+        shapes.update(lora_a_down=(num_experts, rank, width), lora_b_down=(num_experts, dim, rank))
+    return shapes
+
+
+_classes: dict[type, type] = {}
+
+
+def lora_experts_cls(parent_cls: type) -> type:
+    """The LoRA subclass of an experts class (``GroupedExperts``, ``ParamDtypeGroupedExperts``,
+    ``FusedExperts``), cached, as torchtitan's ``_get_lora_cls`` does for ``Linear``."""
+    if parent_cls in _classes:
+        return _classes[parent_cls]
+    parent_config = parent_cls.Config
+
+    class LoRAExperts(parent_cls):
+        @dataclass(kw_only=True, slots=True)
+        class Config(parent_config):
+            rank: int
+            alpha: float
+            parts: tuple = (GATE_UP, DOWN)
+
+        def __init__(self, config):
+            super().__init__(config)
+            for param in nn.Module.parameters(self):
+                param.requires_grad_(False)  # the base experts stay frozen
+            self._lora_scaling = config.alpha / config.rank
+            self.lora_parts = tuple(config.parts)
+            shapes = adapter_shapes(
+                config.num_experts, config.dim, config.hidden_dim, config.rank, config.parts
+            )
+            for name, shape in shapes.items():
+                self.register_parameter(name, nn.Parameter(torch.empty(shape)))
+
+        def _init_self_parameters(self) -> None:
+            # The base initialisers know the base parameters only: hand them those, then ours.
+            adapters = {n: self._parameters.pop(n) for n in ADAPTER_PARAMS if n in self._parameters}
+            try:
+                super()._init_self_parameters()
+            finally:
+                self._parameters.update(adapters)
+            reset_adapters(self)
+
+    if issubclass(parent_cls, GroupedExperts):
+        LoRAExperts.forward = _grouped_forward
+    LoRAExperts.__name__ = LoRAExperts.__qualname__ = f"LoRA{parent_cls.__name__}"
+    _classes[parent_cls] = LoRAExperts
+    return LoRAExperts
+
+
+@torch.no_grad()
+def reset_adapters(experts) -> None:
+    """PEFT's LoRA initialisation per expert: ``kaiming_uniform_(a=sqrt(5))`` on A, whose bound is
+    1/sqrt(fan-in) with fan-in the input width (A's last dim), and zeros on B."""
+    for name in ADAPTER_PARAMS:
+        param = getattr(experts, name, None)
+        if param is None:
+            continue
+        if ".lora_a" in f".{name}":
+            bound = 1.0 / math.sqrt(param.shape[-1])
+            nn.init.uniform_(param, -bound, bound)
+        else:
+            nn.init.zeros_(param)
+
+
+def _low_rank(gmm, x, a, b, offsets, dtype):
+    """Per expert ``(x A_e^T) B_e^T`` as two grouped GEMMs over the same token groups."""
+    return gmm(
+        gmm(x, _local(a).to(dtype).transpose(-2, -1), offsets), _local(b).to(dtype).transpose(-2, -1), offsets
+    )
+
+
+def _grouped_forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+    """torchtitan's grouped experts (``GroupedExperts.forward``: bfloat16; ``ParamDtypeGroupedExperts``:
+    the parameters' dtype) with each adapter's low-rank path added to its projection's output."""
+    w1, w2, w3 = (_local(w) for w in (self.w1_EFD, self.w2_EDF, self.w3_EFD))
+    dtype = w1.dtype if isinstance(self, ParamDtypeGroupedExperts) else torch.bfloat16
+    offsets = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
+
+    def gmm(a, b_t, offs):
+        return torch._grouped_mm(a, b_t, offs=offs)
+
+    x = x_RD.to(dtype)
+    gate = gmm(x, w1.to(dtype).transpose(-2, -1), offsets)
+    up = gmm(x, w3.to(dtype).transpose(-2, -1), offsets)
+    if GATE_UP in self.lora_parts:
+        delta = self._lora_scaling * _low_rank(
+            gmm, x, self.lora_a_gate_up, self.lora_b_gate_up, offsets, dtype
+        )
+        gate, up = gate + delta[:, : gate.shape[1]], up + delta[:, gate.shape[1] :]
+    h = F.silu(gate) * up
+    out = gmm(h, w2.to(dtype).transpose(-2, -1), offsets)
+    if DOWN in self.lora_parts:
+        out = out + self._lora_scaling * _low_rank(gmm, h, self.lora_a_down, self.lora_b_down, offsets, dtype)
+    return out.type_as(x_RD)
+
+
+def fused_deltas(experts, a_gate_up, b_gate_up, a_down, b_down):
+    """The adapters' deltas in the fused layout: gate_up ``[E, D, 2, F]`` (``[..., 0, :]`` gate)
+    and down ``[E, F, D]``, each scaled; None for a part not adapted."""
+    s = experts._lora_scaling
+    gate_up = down = None
+    if a_gate_up is not None:
+        e, _, d = a_gate_up.shape
+        gate_up = s * torch.einsum("eor,erd->edo", b_gate_up, a_gate_up).reshape(e, d, 2, -1)
+    if a_down is not None:
+        down = s * torch.einsum("edr,erf->efd", b_down, a_down)
+    return gate_up, down
+
+
+class LoRABlockwiseRoutedExperts(BlockwiseRoutedExperts):
+    """``BlockwiseRoutedExperts`` on merged weights, ``W + s * B @ A`` per expert, with the merged
+    copies recomputed in backward instead of saved (``_RecomputeMerged``)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BlockwiseRoutedExperts.Config):
+        pass
+
+    def forward(self, x_BLD, topk_scores_BLK, topk_expert_ids_BLK, num_local_tokens_per_expert_E):
+        experts = self.inner_experts
+        names = [getattr(experts, n, None) for n in ADAPTER_PARAMS]
+        adapters = [None if p is None else _local(p) for p in names]
+        bases = (_local(experts.gate_up_ED2F), _local(experts.down_EFD))
+        deltas = fused_deltas(experts, *adapters)
+        merged = tuple(w if d is None else w + d.to(w.dtype) for w, d in zip(bases, deltas, strict=True))
+        with _RecomputeMerged(experts, bases, adapters, merged):
+            return _blockwise(self, x_BLD, topk_scores_BLK, topk_expert_ids_BLK, merged)
+
+
+def _blockwise(routed, x_BLD, topk_scores_BLK, topk_expert_ids_BLK, weights):
+    from qwen3_trainium.models.kernels import moe as moe_ops
+
+    batch, seq, dim = x_BLD.shape
+    top_k = topk_scores_BLK.shape[-1]
+    out_TD = moe_ops.routed_experts(
+        x_BLD.reshape(-1, dim),
+        topk_scores_BLK.reshape(-1, top_k),
+        topk_expert_ids_BLK.reshape(-1, top_k),
+        *weights,
+        block_size=routed.block_size,
+        compute_dtype=routed.compute_dtype,
+    )
+    return out_TD.view(batch, seq, dim)
+
+
+class _RecomputeMerged(torch.autograd.graph.saved_tensors_hooks):
+    """Within: a merged weight that autograd saves for backward is stored as the recipe (the
+    frozen base, the adapters) and merged again when backward unpacks it; any other saved tensor
+    is kept as usual. The merge reads the base and adapters, which FSDP gathers again for the
+    layer's backward as it does for the base weights the op saves without LoRA."""
+
+    def __init__(self, experts, bases, adapters, merged):
+        keys = {_key(m): i for i, (m, w) in enumerate(zip(merged, bases, strict=True)) if m is not w}
+
+        def pack(t):
+            index = keys.get(_key(t))
+            return ("merged", index) if index is not None else t
+
+        def unpack(packed):
+            if isinstance(packed, tuple):
+                with torch.no_grad():
+                    deltas = fused_deltas(experts, *(None if a is None else a.detach() for a in adapters))
+                    base = bases[packed[1]]
+                    return base + deltas[packed[1]].to(base.dtype)
+            return packed
+
+        super().__init__(pack, unpack)
+
+
+def _key(t: torch.Tensor):
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+
+
+def convert_experts(model_config, *, rank: int, alpha: float, parts) -> int:
+    """Replace every routed experts config in ``model_config`` (as ``LoRAConverter`` left it) by
+    its LoRA form; the number replaced. The blockwise route's own config becomes
+    ``LoRABlockwiseRoutedExperts``'s (it holds no parameters that freezing could concern)."""
+    from torchtitan.config import derive
+
+    count = 0
+    for _, cfg, parent, attr in list(model_config.traverse(RoutedExperts.Config, recurse=True)):
+        inner = cfg.inner_experts
+        owner = inner._owner  # the experts class; a Frozen* config inherits its owner
+        if not issubclass(owner, (GroupedExperts, FusedExperts)):
+            raise ValueError(f"expert LoRA: no adapter for {owner.__name__} experts")
+        values = {f.name: getattr(inner, f.name) for f in fields(inner) if f.init}
+        lora_cfg = lora_experts_cls(owner).Config(**values, rank=rank, alpha=alpha, parts=tuple(parts))
+        if isinstance(cfg, BlockwiseRoutedExperts.Config):
+            cfg = derive(cfg, LoRABlockwiseRoutedExperts.Config)
+            setattr(parent, attr, cfg) if isinstance(attr, str) else parent.__setitem__(attr, cfg)
+        cfg.inner_experts = lora_cfg
+        count += 1
+    return count
