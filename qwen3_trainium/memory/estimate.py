@@ -21,7 +21,9 @@ divide the layers). Per rank:
 - one chunk of logits (all of them on the HF path) with their float32 copy and gradient;
 - gradients beyond the activations they replace (the end of backward, where that is higher);
 - ``peft=lora``: gradients and AdamW states for the adapters only, and the matmul outputs that
-  selective checkpointing keeps once each adapter adds its two matmuls (``_lora_saved_matmuls``).
+  selective checkpointing keeps once each adapter adds its two matmuls (``_lora_saved_matmuls``);
+  on the experts, the low-rank path's rank-wide rows or the blockwise route's merged weights
+  (``adapters.py``).
 The model's parameter counts come from the model itself, built on the meta device. On the
 docs' trn2 lines (but their Slurm examples and ``model=hf``, which ``memory=auto`` traces) it is
 within 15% of the trace (``tests/parent/test_readme_trainium.py``, make test-heavy).
@@ -36,6 +38,7 @@ if TYPE_CHECKING:  # the parent plans memory without importing torch
     import torch
 
 from qwen3_trainium.config.schema import ACMode, RunConf
+from qwen3_trainium.memory import adapters as expert_lora
 from qwen3_trainium.memory.model_shape import ModelShape  # noqa: F401  (re-exported: estimate.ModelShape)
 from qwen3_trainium.memory.sequence import (
     attention_parts,
@@ -87,7 +90,7 @@ def model_shape(model_config, model: torch.nn.Module | None = None) -> ModelShap
         top_k, width = (c.num_experts_per_tok, c.moe_intermediate_size) if experts else (0, 0)
         ffn = top_k * width if experts else c.intermediate_size
     params = largest = 0
-    trainable, adapters = -1, ()
+    trainable, adapters, expert_adapters = -1, (), ()
     if model is not None:
         layers = list(model.layers.values() if hasattr(model.layers, "values") else model.layers)
         params = sum(p.numel() for p in model.parameters())
@@ -97,12 +100,13 @@ def model_shape(model_config, model: torch.nn.Module | None = None) -> ModelShap
             sorted((name.rsplit(".", 1)[-1], m.lora_a.weight.shape[0])
                    for name, m in layers[0].named_modules() if hasattr(m, "lora_a"))
         )  # fmt: skip
+        expert_adapters = expert_lora.expert_adapters(layers[0])
     return ModelShape(
         params=params, largest_layer=largest, n_layers=n_layers, dim=dim,
         q_dim=heads * head_dim, kv_dim=kv_heads * head_dim, ffn=ffn, n_heads=heads,
         n_kv_heads=kv_heads, vocab=vocab, num_experts=experts,
         largest_unit=max(largest, vocab * dim), top_k=top_k, expert_width=width, trainable=trainable,
-        adapters=adapters,
+        adapters=adapters, expert_adapters=expert_adapters,
     )  # fmt: skip
 
 
@@ -114,6 +118,9 @@ def _per_token_layer(shape: ModelShape, ac: ACMode, blockwise: bool) -> tuple[in
     # the input, two norms, two residuals (5h); q/k/v, q/k norms, rotated q/k, attention out (4q + 4kv)
     saved_all = 5 * h + 4 * q + 4 * kv + ffn_all
     kept = {ACMode.none: saved_all, ACMode.selective: h + q + 2 * kv + ffn_matmuls, ACMode.full: h}[ac]
+    if not blockwise:  # LoRA on the grouped experts: the low-rank paths' rank-wide rows
+        saved_all += expert_lora.low_rank_elements(shape)
+        kept += expert_lora.low_rank_kept(shape, ac)
     if ac is ACMode.selective:
         kept += _lora_saved_matmuls(shape)
     elif ac is ACMode.none:  # each adapter's rank-wide intermediate (its input is saved already)
@@ -187,6 +194,8 @@ def estimate(run: RunConf, shape: ModelShape, *, dp_shard: int, capacity: int | 
     if blockwise:  # without checkpointing every layer's; with it the recomputed layer's
         per_layer = blockwise_layer_bytes(run, shape, local_tokens)
         parts["MoE blocks (padded)"] = int(per_layer * (layers if ac is ACMode.none else 1))
+        if shape.expert_adapters:
+            parts["expert LoRA merged"] = expert_lora.merged_expert_bytes(run, shape, compute)
     # torchtitan's chunked loss (native paths): one chunk's logits at a time, in the compute dtype,
     # upcast and their gradient in float32; the HF path computes all of them at once
     chunks = 8 if run.model.path.value != "hf" else 1

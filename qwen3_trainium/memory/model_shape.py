@@ -25,6 +25,8 @@ class ModelShape:
     expert_width: int = 0
     trainable: int = -1  # parameters with gradients and optimizer states (-1: all; peft=lora: the adapters)
     adapters: tuple[tuple[str, int], ...] = ()  # peft=lora: (adapted Linear of a layer, its rank)
+    # peft=lora on a MoE's experts: (adapted expert projection, gate_up or down; its rank)
+    expert_adapters: tuple[tuple[str, int], ...] = ()
 
     @property
     def trained(self) -> int:
