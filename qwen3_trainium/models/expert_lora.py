@@ -242,6 +242,7 @@ def convert_experts(model_config, *, rank: int, alpha: float, parts) -> int:
         if not issubclass(owner, (GroupedExperts, FusedExperts)):
             raise ValueError(f"expert LoRA: no adapter for {owner.__name__} experts")
         values = {f.name: getattr(inner, f.name) for f in fields(inner) if f.init}
+        values["sharding_config"] = _with_adapter_shardings(inner.sharding_config, parts)
         lora_cfg = lora_experts_cls(owner).Config(**values, rank=rank, alpha=alpha, parts=tuple(parts))
         if isinstance(cfg, BlockwiseRoutedExperts.Config):
             cfg = derive(cfg, LoRABlockwiseRoutedExperts.Config)
@@ -249,3 +250,23 @@ def convert_experts(model_config, *, rank: int, alpha: float, parts) -> int:
         cfg.inner_experts = lora_cfg
         count += 1
     return count
+
+
+def _with_adapter_shardings(sharding, parts):
+    """The experts' sharding config plus the adapters': replicated over the dense mesh axes (FSDP
+    shards them on top, as it does the experts, ``apply_fsdp``'s expert placement), as torchtitan
+    places its expert weights without expert parallelism (``expert_param_placement_dense``). Their
+    tensor-parallel axis is replicated too, which is right only at TP 1: pre-flight refuses tensor
+    and expert parallelism with expert LoRA (``parent/preflight/peft.py``)."""
+    if sharding is None or not sharding.state_shardings:
+        return sharding
+    import dataclasses
+
+    import spmd_types as spmd
+    from torchtitan.models.common.moe_sharding import expert_param_placement_dense
+
+    names = adapter_shapes(1, 1, 1, 1, parts)
+    layout = expert_param_placement_dense(tp_placement=spmd.R)
+    return dataclasses.replace(
+        sharding, state_shardings={**sharding.state_shardings, **dict.fromkeys(names, layout)}
+    )

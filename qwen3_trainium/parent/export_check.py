@@ -69,8 +69,9 @@ def adapter_export(run: RunConf, run_dir: str) -> str | None:
 
 def max_adapter_logit_diff(directory: str, probe_path: str) -> float:
     """Run in a fresh process: the adapter's base (``base_model_name_or_path``) from_pretrained,
-    each PEFT adapter folded into the module its key names (``W += lora_alpha/r * B @ A``, PEFT's
-    LoRA), vs the saved probe logits. A key naming no module of the base fails."""
+    each PEFT adapter folded into the parameter its key names (``W += lora_alpha/r * B @ A``, PEFT's
+    LoRA; per expert for ``target_parameters``), vs the saved probe logits. A key naming no module
+    of the base fails."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -83,10 +84,36 @@ def max_adapter_logit_diff(directory: str, probe_path: str) -> float:
     with torch.no_grad():
         for stem in adapter_stems(tensors):
             a, b = (tensors[f"base_model.model.{stem}.lora_{ab}.weight"] for ab in "AB")
-            model.get_submodule(stem).weight += scale * (b @ a)
+            param = adapted_parameter(model, stem, config.get("target_parameters") or [])
+            param += scale * (b @ a if param.dim() == 2 else expert_delta(a, b, param.shape[0]))
         probe = torch.load(probe_path)
         logits = model(probe["tokens"]).logits.float()
     return (logits - probe["logits"]).abs().max().item()
+
+
+def adapted_parameter(model, stem: str, target_parameters: list[str]):
+    """The parameter a PEFT adapter stem adapts: a module's weight for ``target_modules``. For
+    ``target_parameters`` PEFT 0.21.2 nests one ``ParamWrapper`` per targeted parameter of a
+    module in registration order, the innermost under ``base_layer``: Qwen3-MoE's experts register
+    ``gate_up_proj`` then ``down_proj``, so ``mlp.experts.base_layer`` is gate_up and
+    ``mlp.experts`` the last targeted (down_proj, or the only one)."""
+    module = stem.removesuffix(".base_layer")
+    wanted = {p.rsplit(".", 1)[1] for p in target_parameters if module.endswith(p.rsplit(".", 1)[0])}
+    if not wanted:
+        return model.get_submodule(stem).weight
+    owner = model.get_submodule(module)
+    targeted = [name for name, _ in owner.named_parameters(recurse=False) if name in wanted]
+    return getattr(owner, targeted[0] if stem != module else targeted[-1])
+
+
+def expert_delta(a, b, experts: int):
+    """PEFT's ``ParamWrapper`` delta of a 3-D ``[E, out, in]`` parameter without the scale: A
+    ``[E*r, in]`` rows expert-major (``e*r + j``), B ``[out, r*E]`` columns rank-major
+    (``j*E + e``); per expert ``B_e @ A_e`` (``peft/tuners/lora/layer.py``, ``get_delta_weight``)."""
+    import torch
+
+    rank = a.shape[0] // experts
+    return torch.einsum("ore,eri->eoi", b.reshape(b.shape[0], rank, experts), a.reshape(experts, rank, -1))
 
 
 def adapter_stems(tensors: dict) -> list[str]:

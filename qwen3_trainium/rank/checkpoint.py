@@ -163,15 +163,19 @@ class Qwen3CheckpointManager(CheckpointManager):
 
     def _save_adapter(self, curr_step: int) -> None:
         """The adapters as a Hugging Face PEFT directory beside the export (``models/lora.py``)."""
-        from qwen3_trainium.models import lora
+        from qwen3_trainium.models import expert_lora_io, lora
 
-        spec = self._export.lora
-        tensors = lora.peft_state_dict(self.states["model"].model[0], self.sd_adapter)
+        spec, model = self._export.lora, self.states["model"].model[0]
+        tensors = lora.peft_state_dict(model, self.sd_adapter)  # every rank: FSDP gathers
         if dist.is_initialized() and dist.get_rank() != 0:
             return
         directory = lora.adapter_dir(self._create_checkpoint_id(curr_step))
         config = lora.adapter_config(
-            base_model=spec["base"], rank=spec["rank"], alpha=spec["alpha"], targets=spec["target_modules"]
+            base_model=spec["base"],
+            rank=spec["rank"],
+            alpha=spec["alpha"],
+            targets=spec["target_modules"],
+            moe=bool(expert_lora_io.expert_lora_modules(model)),  # experts as PEFT target_parameters
         )
         lora.write_adapter(directory, tensors, config)
         complete_hf_export(directory, "", self._export.tokenizer_dir, "", self._export.chat_template)

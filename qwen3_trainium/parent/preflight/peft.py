@@ -64,26 +64,58 @@ def check_peft_static(run: RunConf) -> list[Problem]:
 
 
 def check_targets(run: RunConf, model_config) -> list[Problem]:
-    """Each target exists in the model as built (full tier: imports torchtitan)."""
+    """Each target exists in the model as built (full tier: imports torchtitan); on MoE, the
+    experts' rules (``check_expert_targets``)."""
     if not is_lora(run):
         return []
-    from qwen3_trainium.models.lora import EXPERT_TARGETS, valid_targets
+    from qwen3_trainium.models.lora import moe_targets, valid_targets
 
-    valid = valid_targets(model_config)
+    valid = valid_targets(model_config) + moe_targets(model_config)
     missing = [t for t in run.peft.target_modules if t not in valid]
-    if not missing:
-        return []
-    experts = [t for t in missing if t in EXPERT_TARGETS]
-    if experts and getattr(model_config.layers[0], "moe", None) is not None:
-        why = (
-            f"{', '.join(experts)}: in {run.model.flavor} these are the experts' weights, GroupedExperts"
-            " parameters that torchtitan's LoRAConverter cannot adapt (it adapts Linear modules only)"
-        )
-    else:
+    if missing:
         why = f"{', '.join(missing)}: not a module of {run.model.flavor}"
-    return [
-        Problem("peft.target_modules", list(run.peft.target_modules), why, f"choose from {', '.join(valid)}")
-    ]
+        targets = list(run.peft.target_modules)
+        return [Problem("peft.target_modules", targets, why, f"choose from {', '.join(valid)}")]
+    return check_expert_targets(run) if moe_targets(model_config) else []
+
+
+def check_expert_targets(run: RunConf) -> list[Problem]:
+    """LoRA on the experts (``models/expert_lora.py``): gate and up together, and no tensor or
+    expert parallelism (its adapters are sharded like the experts by FSDP only)."""
+    from qwen3_trainium.models.lora import EXPERT_TARGETS
+
+    targets = list(run.peft.target_modules)
+    experts = [t for t in EXPERT_TARGETS if t in targets]
+    if not experts:
+        return []
+    problems = []
+    if ("gate_proj" in experts) != ("up_proj" in experts):
+        problems.append(
+            Problem(
+                "peft.target_modules",
+                targets,
+                "Qwen3-MoE stores each expert's gate and up projections as one parameter (gate_up_proj),"
+                " which PEFT adapts with one A per expert shared by both",
+                "list gate_proj and up_proj together, or neither",
+            )
+        )
+    parallel = run.parallel
+    for key, degree in (
+        ("parallel.tensor_parallel_degree", parallel.tensor_parallel_degree),
+        ("parallel.expert_parallel_degree", parallel.expert_parallel_degree),
+    ):
+        if degree != 1:
+            problems.append(
+                Problem(
+                    key,
+                    degree,
+                    f"LoRA on the experts ({', '.join(experts)}) is sharded by FSDP only; its adapters"
+                    " have no tensor or expert parallel layout",
+                    f"{key}=1 (e.g. parallel=fsdp: FSDP over every rank), or drop"
+                    f" {', '.join(experts)} from peft.target_modules",
+                )
+            )
+    return problems
 
 
 def trainable_note(model) -> str:
