@@ -166,13 +166,23 @@ def hf_checkpoint(run: RunConf) -> bool:
     return ckpt.enable and (ckpt.initial_load_in_hf or ckpt.last_save_in_hf)
 
 
-def _without_expert_bias(model_config) -> None:
-    """Qwen3-MoE in HF format has no router bias: torchtitan's aux-loss-free balancing bias
-    (``load_balance_coeff``) would route differently from every HF copy of the model, so it is
-    off when the weights come from or go to HF."""
-    for layer in model_config.layers:
-        if getattr(layer, "moe", None) is not None:
-            layer.moe.load_balance_coeff = None
+def _balance(run: RunConf, model_config) -> None:
+    """``model.moe_balance`` on the model (``rank/moe_balance.py``): torchtitan's aux-loss-free
+    expert bias (``MoE.Config.load_balance_coeff``, on in its Qwen3-MoE flavors) stays only for
+    ``bias``; Qwen3-MoE in HF format has no router bias, so an HF copy would route differently
+    (pre-flight refuses bias with HF weights). The routers record the aux/z-loss sums when a
+    coefficient is on."""
+    from qwen3_trainium.models.moe_balance import use_balanced_routers
+    from qwen3_trainium.rank.moe_balance import Mode, balance_config, mode
+
+    moe = run.model.flavor in flavors.MOE_FLAVORS
+    if mode(run, moe) is not Mode.bias:
+        for layer in model_config.layers:
+            if getattr(layer, "moe", None) is not None:
+                layer.moe.load_balance_coeff = None
+    balance = balance_config(run, moe)
+    if balance.aux_loss_coef or balance.z_loss_coef:
+        use_balanced_routers(model_config)
 
 
 def _model_parts(run: RunConf) -> tuple[type, dict]:
@@ -196,8 +206,7 @@ def _model_parts(run: RunConf) -> tuple[type, dict]:
 
         spec = flavors.model_spec(run.model.flavor, titan_attn_backend(run))
         yarn.apply(spec.model, run_rope(run))
-        if hf_checkpoint(run):
-            _without_expert_bias(spec.model)
+        _balance(run, spec.model)
         if "moe_experts" in run.model.kernels:  # experts stored fused: converted at the HF boundary
             from qwen3_trainium.models.overrides.blockwise_experts import FusedExpertsStateDictAdapter
 
@@ -222,10 +231,14 @@ def to_trainer_config(run: RunConf, run_dir: str):
     from torchtitan.components.optimizer import LRSchedulersContainer
     from torchtitan.config import CompileConfig, DebugConfig, OverrideConfig, ParallelismConfig
 
+    from qwen3_trainium.rank.moe_balance import balance_config
+
     config_cls, model_parts = _model_parts(run)
     dataloader, evaluation = titan_eval.evaluation(run, run_dir)
+    moe = run.model.path is not ModelPath.hf and run.model.flavor in flavors.MOE_FLAVORS
     return config_cls(
         **model_parts,
+        moe_balance=balance_config(run, moe),
         **evaluation,
         hf_assets_path=run.data.hf_assets_path,
         dump_folder=run_dir,

@@ -25,17 +25,23 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from qwen3_trainium.config import runconfig
 from qwen3_trainium.data.chat import source
 
+# Training rows also carry which tokens are not padding (1; prompts included), the mask of
+# Transformers' router load-balancing loss; the trainer takes it out of the batch before the model
+# (rank/moe_balance.py). Validation rows do not: torchtitan's Validator would pass it to the model.
+MASK_KEY = "moe_token_mask"
+
 
 class ChatRows(IterableDataset, Stateful):
     def __init__(self, run, split: str, *, dp_rank: int, dp_world_size: int, infinite: bool) -> None:
         self._stream = source.stream(run, split, rank=dp_rank, world=dp_world_size, infinite=infinite)
+        self._masked = split == "train"
 
     def __iter__(self):
         while (row := self._stream.next_row()) is not None:
-            yield (
-                {"input": torch.tensor(row.input_ids), "positions": torch.tensor(row.positions)},
-                torch.tensor(row.labels),
-            )
+            batch = {"input": torch.tensor(row.input_ids), "positions": torch.tensor(row.positions)}
+            if self._masked:
+                batch[MASK_KEY] = torch.arange(len(row.input_ids)) < row.real
+            yield batch, torch.tensor(row.labels)
 
     def state_dict(self) -> dict:
         return self._stream.state_dict()
