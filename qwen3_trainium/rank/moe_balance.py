@@ -22,12 +22,10 @@ import json
 import os
 from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
-
 from qwen3_trainium.config.choices import MoEBalance as Mode
 from qwen3_trainium.config.schema import ModelPath, RunConf
-from qwen3_trainium.data.chat.loader import MASK_KEY
+
+# pre-flight reads the resolution below without torch: torch, torchtitan and the loader load lazily
 
 HF_DEFAULT_AUX_COEF = 0.001  # transformers configuration_qwen3_moe.py: router_aux_loss_coef
 
@@ -102,6 +100,8 @@ class MoEBalance:
             self.metrics_processor.extra_sources.append(self._balance_metrics)
 
     def post_dataloading_process(self, input_dict, labels):
+        from qwen3_trainium.data.chat.loader import MASK_KEY
+
         mask = input_dict.pop(MASK_KEY, None)
         inputs, labels, extra_kwargs = super().post_dataloading_process(input_dict, labels)
         if self._balance_ledgers:
@@ -133,6 +133,9 @@ class MoEBalance:
         """The step's unscaled losses (Transformers' ``outputs.aux_loss`` meaning): the mean over
         its micro-batches and ranks (cp/tp ranks hold their group's value, so a world mean is
         the data-parallel mean). A collective: every rank runs it."""
+        import torch
+        import torch.distributed as dist
+
         history = [entry for ledger in self._balance_ledgers for entry in ledger.history]
         totals = [sum(a for a, _ in history), sum(z for _, z in history), len(history)]
         sums = torch.tensor(totals, dtype=torch.float64)

@@ -199,3 +199,48 @@ def test_from_scratch_keeps_torchtitans_expert_bias(tmp_path):
     cfg = to_trainer_config(resolve("model=native", "model.flavor=tiny_moe", "device=cpu"), str(tmp_path))
     assert (cfg.moe_balance.aux_loss_coef, cfg.moe_balance.z_loss_coef) == (0.0, 0.0)
     assert all(layer.moe.load_balance_coeff == 1e-3 for layer in cfg.model_spec.model.layers)
+
+
+MOE_HF = ("model=native", "model.flavor=tiny_moe", "device=cpu", "checkpoint=hf_finetune")
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (("model.moe_balance=bias",), "model.moe_balance"),  # expert bias with HF weights
+        (("model.moe_aux_loss_coef=-0.1",), "model.moe_aux_loss_coef"),
+        (("model.moe_z_loss_coef=-1",), "model.moe_z_loss_coef"),
+        (("model.moe_balance=none", "model.moe_aux_loss_coef=0.01"), "model.moe_aux_loss_coef"),
+        (("compile.enable=true",), "compile.enable"),
+        (
+            ("parallel.pipeline_parallel_degree=2", "launcher.nproc_per_node=2"),
+            "parallel.pipeline_parallel_degree",
+        ),
+    ],
+)
+def test_balance_problems_are_refused_before_launch_naming_the_key(overrides, key):
+    from qwen3_trainium.parent.preflight import moe
+
+    run = resolve(*MOE_HF, f"checkpoint.initial_load_path={assets.ensure_hf_moe_model()}", *overrides)
+    problems = moe.check_balance(run)
+    assert [p.key for p in problems] == [key], problems
+    assert problems[0].fix
+
+
+@pytest.mark.parametrize(
+    "overrides, keys",
+    [
+        (("model.flavor=tiny", "model.moe_z_loss_coef=0.01"), ["model.moe_z_loss_coef"]),
+        (("model.flavor=tiny", "model.moe_balance=aux_loss"), ["model.moe_balance"]),
+        (("model=hf", "model.moe_balance=aux_loss"), ["model.moe_balance"]),
+        (("model.flavor=tiny",), []),  # auto on a dense model: nothing to say
+        (("model.flavor=tiny_moe", "compile.enable=true"), []),  # from scratch: bias, no loss
+    ],
+)
+def test_knobs_a_run_would_ignore_are_refused(overrides, keys):
+    from qwen3_trainium.parent.preflight import moe
+
+    path = [] if overrides[0].startswith("model=") else ["model=native"]
+    extra = [f"model.hf_model={assets.ensure_hf_model()}"] if overrides[0] == "model=hf" else []
+    run = resolve(*path, "device=cpu", *extra, *overrides)
+    assert [p.key for p in moe.check_balance(run)] == keys
