@@ -1,5 +1,6 @@
-"""What a run leaves for people: ``job.json`` (how the job went), its summary row, loss plots,
-and a sweep's ``summary.csv`` / ``summary.md`` / ``loss.png``.
+"""What a run leaves for people: ``job.json`` (how the job went), its summary row, loss plots
+(and a MoE run's expert-load heatmap, ``expert_plot.py``), and a sweep's ``summary.csv`` /
+``summary.md`` / ``loss.png``.
 
 Everything is read back from run directories (``job.json``, ``metrics.jsonl``), so a summary
 can be made for jobs that ran in other processes or on other machines (Slurm).
@@ -16,6 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from qwen3_trainium.parent import expert_plot
+from qwen3_trainium.shared import expert_load_file
 from qwen3_trainium.shared.contract import JOB_NAME, METRICS_NAME, read_json, read_metrics
 
 PLOT_NAME = "loss.png"
@@ -73,7 +76,7 @@ def _number(rows: list[dict], key: str) -> list[float]:
 
 def run_row(run_dir: str, job: int | str = "") -> dict[str, Any]:
     """One summary row: overrides, status, steps done of total, first/final loss, median tokens/s,
-    peak memory of the fullest rank, wall time."""
+    peak memory of the fullest rank, wall time; a MoE run's expert load (``expert_plot.MOE_COLUMNS``)."""
     record = read_json(os.path.join(run_dir, JOB_NAME))
     rows = read_metrics(run_dir)
     losses = _number(rows, "loss")
@@ -94,25 +97,23 @@ def run_row(run_dir: str, job: int | str = "") -> dict[str, Any]:
         "peak_memory_gib": round(max(memory), 3) if memory else "",
         "wall_s": round(record["wall_s"], 1) if isinstance(record.get("wall_s"), (int, float)) else "",
         "run_dir": run_dir,
-    }
+    } | expert_load_file.summary(expert_load_file.read_load(run_dir))
+
+
+def columns(rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The summary's columns: the expert-load ones only when a job is a MoE run with a record."""
+    moe = any(row.get("max_load", "") != "" for row in rows)
+    return COLUMNS + expert_plot.MOE_COLUMNS if moe else COLUMNS
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     def cell(value: Any) -> str:
         return str(value).replace("|", "\\|") or "-"
 
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cell(row[c]) for c in COLUMNS) + " |" for row in rows]
+    names = columns(rows)
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    lines += ["| " + " | ".join(cell(row[c]) for c in names) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    return pyplot
 
 
 class RunPlotter:
@@ -180,7 +181,7 @@ def plot_losses(series: dict[str, list[dict[str, Any]]], path: str, title: str) 
     held_out = {label: _points(rows, "val_loss") for label, rows in series.items()}
     if not any(curves.values()) and not any(held_out.values()):
         return False
-    plt = _pyplot()
+    plt = expert_plot.pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
@@ -212,18 +213,23 @@ def _points(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
 
 
 def plot_run(run_dir: str, label: str) -> bool:
-    return plot_losses({label: read_metrics(run_dir)}, os.path.join(run_dir, PLOT_NAME), label)
+    """``loss.png``, and ``expert_load.png`` for a MoE run; whether the loss plot was drawn."""
+    drawn = plot_losses({label: read_metrics(run_dir)}, os.path.join(run_dir, PLOT_NAME), label)
+    expert_plot.plot_expert_load(run_dir, label)
+    return drawn
 
 
 def write_summary(sweep_dir: str, rows: list[dict[str, Any]], labels: list[str]) -> str:
-    """``summary.csv``, ``summary.md`` and ``loss.png`` in the sweep directory; returns the table."""
+    """``summary.csv``, ``summary.md`` (with MoE jobs' expert-load heatmaps) and ``loss.png`` in
+    the sweep directory; returns the table."""
     with open(os.path.join(sweep_dir, "summary.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*COLUMNS, "run_dir"])
+        writer = csv.DictWriter(f, fieldnames=[*columns(rows), "run_dir"], extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     table = markdown_table(rows)
+    heatmaps = expert_plot.sweep_section(sweep_dir, rows, labels)
     with open(os.path.join(sweep_dir, "summary.md"), "w") as f:
-        f.write(f"# Sweep {sweep_dir}\n\n{table}\n")
+        f.write(f"# Sweep {sweep_dir}\n\n{table}\n{heatmaps}")
     series = {label: read_metrics(row["run_dir"]) for label, row in zip(labels, rows, strict=True)}
     plot_losses(series, os.path.join(sweep_dir, PLOT_NAME), "sweep " + "/".join(Path(sweep_dir).parts[-2:]))
     return table

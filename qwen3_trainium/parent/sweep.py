@@ -38,7 +38,8 @@ def job_dirs(sweep_dir: str) -> list[str]:
 
 
 def summarize(sweep_dir: str) -> tuple[list[dict[str, Any]], str]:
-    """Rows and the printed table; writes summary.csv, summary.md and loss.png."""
+    """Rows and the printed table; writes summary.csv, summary.md (MoE jobs: with their expert-load
+    heatmaps and columns) and loss.png."""
     rows, labels = [], []
     for run_dir in job_dirs(sweep_dir):
         record = report.read_json(os.path.join(run_dir, report.JOB_NAME))
@@ -63,6 +64,8 @@ class SweepSummary(Callback):
         print(f"\n[qwen3-trainium] sweep summary ({sweep_dir})\n{table}", flush=True)
         if rows:
             names = ", ".join(f"summary.{ext}" for ext in ("csv", "md")) + ", loss.png"
+            if any(row.get("max_load", "") != "" for row in rows):  # MoE jobs: heatmaps in summary.md
+                names += ", expert_load.png of each MoE job"
             print(f"[qwen3-trainium] written: {names}", flush=True)
         if failed:
             print(
