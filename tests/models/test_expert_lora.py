@@ -1,0 +1,209 @@
+"""LoRA on the MoE experts (``models/expert_lora.py``): PEFT 0.21.2 loads our adapter on
+Transformers' Qwen3-MoE and computes our logits (model=native and model=nki_moe), the merged
+weights load in Transformers and do too, the export layout is PEFT's (hand oracle on the
+interleaving), the export check folds it, the blockwise route recomputes its merged weights in
+backward, and pre-flight's rules for the expert targets."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+
+import pytest
+import torch
+from conftest import resolve
+from safetensors.torch import load_file, save_file
+
+from qwen3_trainium.data import assets
+from qwen3_trainium.models import expert_lora, lora
+from qwen3_trainium.parent import export_check, preflight
+from qwen3_trainium.rank.titan import to_trainer_config
+
+ALL = "peft.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
+SEQ = 32
+NKI = ("model.kernels=[moe_experts]",)  # the fused experts and the blockwise op; rope_hf wants 256 tokens
+
+
+def _build(tmp_path, path: str, targets: str = ALL):
+    """Our tiny MoE model with LoRA, the tiny HF MoE checkpoint loaded, every adapter random."""
+    from torchtitan.config import apply_overrides
+
+    overrides = [f"model={path}", "peft=lora", targets, f"training.seq_len={SEQ}", "model.attn_backend=sdpa"]
+    run = resolve("device=cpu", *overrides, *(["model.flavor=tiny_moe"] if path == "native" else NKI))
+    cfg = copy.deepcopy(to_trainer_config(run, str(tmp_path)))
+    cfg.model_spec.model.update_from_config(config=cfg)
+    apply_overrides(cfg.override, cfg)
+    with torch.device("meta"):
+        model = cfg.model_spec.model.build()
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_states(buffer_device=None)
+    sd_adapter = cfg.model_spec.state_dict_adapter(cfg.model_spec.model, cfg.hf_assets_path)
+    weights = load_file(f"{assets.ensure_hf_moe_model()}/model.safetensors")
+    _, unexpected = model.load_state_dict(sd_adapter.from_hf(weights), strict=False)
+    assert unexpected == []
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.requires_grad:  # non-zero A and B, so every adapter changes the function
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.05)
+    return model.eval(), sd_adapter, run
+
+
+def _tokens():
+    return torch.randint(0, 200, (2, SEQ), generator=torch.Generator().manual_seed(1))
+
+
+def _logits(model, tokens):
+    positions = torch.arange(tokens.shape[1]).repeat(tokens.shape[0], 1)
+    with torch.no_grad():
+        return model(tokens, positions=positions, attention_masks=model.get_attention_masks(positions))
+
+
+def _write_adapter(model, sd_adapter, run, directory) -> dict:
+    tensors = lora.peft_state_dict(model, sd_adapter)
+    config = lora.adapter_config(
+        base_model=str(assets.ensure_hf_moe_model()), rank=run.peft.rank, alpha=run.peft.alpha,
+        targets=list(run.peft.target_modules), moe=True,
+    )  # fmt: skip
+    lora.write_adapter(str(directory), tensors, config)
+    return config
+
+
+@pytest.mark.parametrize("path", ["native", "nki_moe"])
+def test_peft_and_the_merged_weights_in_transformers_give_our_logits(path, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model, sd_adapter, run = _build(tmp_path, path)
+    tokens, source = _tokens(), assets.ensure_hf_moe_model()
+    ours = _logits(model, tokens)
+    config = _write_adapter(model, sd_adapter, run, tmp_path / "adapter")
+    assert config["target_parameters"] == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    assert config["target_modules"] == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    base = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    with torch.no_grad():
+        plain = base(tokens).logits
+        theirs = PeftModel.from_pretrained(base, str(tmp_path / "adapter"))(tokens).logits
+    assert lora.merge_(model) == 3 * len(model.layers)  # wqkv, wo and the experts of each layer
+    merged_dir = tmp_path / "merged"
+    merged_dir.mkdir()
+    shutil.copy(source / "config.json", merged_dir / "config.json")
+    state = {k: v for k, v in model.state_dict().items() if ".lora_" not in k and "expert_bias" not in k}
+    save_file(
+        {k: v.contiguous() for k, v in sd_adapter.to_hf(state).items()}, str(merged_dir / "model.safetensors")
+    )
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)(tokens).logits
+    diffs = {
+        k: (v - ours).abs().max().item() for k, v in (("peft", theirs), ("merged", merged), ("base", plain))
+    }
+    print(f"expert lora {path}: max abs logit diff vs ours {diffs}")
+    assert diffs["peft"] <= 1e-5 and diffs["merged"] <= 1e-5
+    assert diffs["base"] > 1e-2, "the adapters change the model"
+
+
+def test_the_export_layout_is_peft_interleaving_by_hand(tmp_path):
+    """PEFT's ParamWrapper: A rows expert-major (e*r + j), B columns rank-major (j*E + e). The
+    delta our model applies to expert e (merged weights minus base) equals, by explicit loops over
+    the exported tensors, s * sum_j outer(B[:, j*E + e], A[e*r + j])."""
+    model, sd_adapter, run = _build(tmp_path, "native")
+    experts = model.layers["1"].moe.routed_experts.inner_experts
+    before = {n: getattr(experts, n).detach().clone() for n in ("w1_EFD", "w3_EFD", "w2_EDF")}
+    tensors = lora.peft_state_dict(model, sd_adapter)
+    stem = "base_model.model.model.layers.1.mlp.experts"
+    a, b = tensors[f"{stem}.base_layer.lora_A.weight"], tensors[f"{stem}.base_layer.lora_B.weight"]
+    lora.merge_(model)
+    num_experts, rank, width = experts.num_experts, run.peft.rank, experts.w1_EFD.shape[1]
+    s = run.peft.alpha / run.peft.rank
+    for e in range(num_experts):
+        delta = sum(s * torch.outer(b[:, j * num_experts + e], a[e * rank + j]) for j in range(rank))
+        torch.testing.assert_close(experts.w1_EFD[e] - before["w1_EFD"][e], delta[:width], atol=1e-6, rtol=0)
+        torch.testing.assert_close(experts.w3_EFD[e] - before["w3_EFD"][e], delta[width:], atol=1e-6, rtol=0)
+    a, b = tensors[f"{stem}.lora_A.weight"], tensors[f"{stem}.lora_B.weight"]
+    e = num_experts - 1
+    delta = sum(s * torch.outer(b[:, j * num_experts + e], a[e * rank + j]) for j in range(rank))
+    torch.testing.assert_close(experts.w2_EDF[e] - before["w2_EDF"][e], delta, atol=1e-6, rtol=0)
+    expert_major = b.reshape(b.shape[0], num_experts, rank)[:, e] @ a[e * rank : (e + 1) * rank]
+    assert (s * expert_major - delta).abs().max() > 1e-3, "the wrong reading of B must differ"
+
+
+@pytest.mark.parametrize(
+    "targets", [ALL, "peft.target_modules=[gate_proj,up_proj]", "peft.target_modules=[down_proj]"]
+)
+def test_the_export_check_folds_expert_adapters(targets, tmp_path):
+    """``max_adapter_logit_diff`` (the run's own export check) picks the parameter each stem
+    adapts: gate_up under ``base_layer`` with down, alone under ``mlp.experts``; down on top."""
+    model, sd_adapter, run = _build(tmp_path, "nki_moe", targets)
+    tokens = _tokens()
+    torch.save({"tokens": tokens, "logits": _logits(model, tokens)}, tmp_path / "probe.pt")
+    _write_adapter(model, sd_adapter, run, tmp_path / "adapter")
+    diff = export_check.max_adapter_logit_diff(str(tmp_path / "adapter"), str(tmp_path / "probe.pt"))
+    print(f"export check, {targets}: {diff:.2e}")
+    assert diff <= 1e-5
+
+
+def test_the_blockwise_route_recomputes_its_merged_weights_in_backward(tmp_path, monkeypatch):
+    """model=nki_moe: the kernel op would save its merged weight inputs (a full copy of the
+    layer's experts) for backward; they are merged again when backward reads them instead, and
+    the adapters' gradients equal those of plain autograd on the merged weights."""
+    model, _, _ = _build(tmp_path, "nki_moe", "peft.target_modules=[gate_proj,up_proj,down_proj]")
+    tokens = _tokens()
+
+    def grads():
+        model.zero_grad()
+        positions = torch.arange(SEQ).repeat(2, 1)
+        model(
+            tokens, positions=positions, attention_masks=model.get_attention_masks(positions)
+        ).sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    calls = {"forward": 0, "backward": 0}
+    real = expert_lora.fused_deltas
+
+    def counted(*args):
+        calls["backward" if torch._C._current_graph_task_id() != -1 else "forward"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(expert_lora, "fused_deltas", counted)
+    recomputed = grads()
+    assert calls == {"forward": 4, "backward": 8}, calls  # 4 layers; gate_up and down each re-merged
+    monkeypatch.setattr(
+        expert_lora,
+        "_RecomputeMerged",
+        lambda *a: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t),
+    )
+    saved = grads()
+    assert recomputed.keys() == saved.keys() and len(saved) == 16
+    for name in saved:
+        torch.testing.assert_close(recomputed[name], saved[name], atol=0, rtol=0)
+
+
+def _keys(*overrides):
+    return [
+        (p.key, p.message)
+        for p in preflight.check(resolve("device=cpu", "peft=lora", *overrides), "/tmp", launching=False)
+    ]
+
+
+@pytest.mark.parametrize(
+    "overrides, refused",
+    [
+        (("model=nki_moe", "peft.target_modules=[q_proj,k_proj,v_proj,gate_proj]"), "peft.target_modules"),
+        (("model=nki_moe", "peft.target_modules=[up_proj,down_proj]"), "peft.target_modules"),
+        (
+            ("model=nki_moe", ALL, "parallel.tensor_parallel_degree=2", "launcher.nproc_per_node=2"),
+            "parallel.tensor_parallel_degree",
+        ),
+        (("model=nki_moe", ALL), None),
+        (
+            ("model=native", "model.flavor=tiny_moe", "peft.target_modules=[gate_proj,up_proj,down_proj]"),
+            None,
+        ),
+        (("model=native", "model.flavor=tiny", "peft.target_modules=[gate_proj]"), None),  # dense: a Linear
+    ],
+)
+def test_preflight_rules_for_the_expert_targets(overrides, refused):
+    keys = _keys(*overrides)
+    peft_keys = [k for k, _ in keys if k.startswith(("peft.", "parallel.tensor"))]
+    assert peft_keys == ([refused] if refused else []), keys
