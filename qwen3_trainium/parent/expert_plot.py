@@ -31,7 +31,8 @@ def plot_expert_load(run_dir: str, label: str) -> bool:
     plt = pyplot()
     table = shares(data)
     layers, experts = len(table), len(table[0])
-    fig, ax = plt.subplots(figsize=(min(16, 3 + 0.12 * experts), min(12, 2 + 0.25 * layers)), dpi=100)
+    size = (min(16, max(6.4, 3 + 0.12 * experts)), min(12, max(3.6, 2 + 0.25 * layers)))
+    fig, ax = plt.subplots(figsize=size, dpi=100)
     image = ax.imshow(table, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0.0)
     fig.colorbar(image, ax=ax, label="share of the layer's tokens")
     ax.set_xlabel(f"expert ({experts})")
@@ -40,7 +41,7 @@ def plot_expert_load(run_dir: str, label: str) -> bool:
     ax.set_yticks(range(0, layers, step), [str(layer) for layer in data["layers"][::step]])
     figures = summary(data)
     ax.set_title(
-        f"{label}: steps {data['first_step']}-{data['step']}, top_k {data['top_k']},"
+        f"{label}\nsteps {data['first_step']}-{data['step']}, top_k {data['top_k']},"
         f" max/mean {figures['max_load']}, experts with no token {figures['zero_experts']}",
         fontsize=9,
     )
