@@ -22,6 +22,19 @@ from qwen3_trainium.models.expert_lora import DOWN, GATE_UP, fused_deltas
 PARAM_NAMES = {GATE_UP: "mlp.experts.gate_up_proj", DOWN: "mlp.experts.down_proj"}
 
 
+def is_moe(model_config) -> bool:
+    from torchtitan.models.common.moe import RoutedExperts
+
+    return any(True for _ in model_config.traverse(RoutedExperts.Config, recurse=True))
+
+
+def moe_targets(model_config) -> list[str]:
+    """The HF names that adapt a MoE model's experts (none on a dense model)."""
+    from qwen3_trainium.models.lora import EXPERT_TARGETS
+
+    return list(EXPERT_TARGETS) if is_moe(model_config) else []
+
+
 def expert_parts(targets) -> tuple[str, ...]:
     """The experts' adapted parameters for HF target names: ``gate_up`` needs both of
     ``gate_proj`` and ``up_proj`` (pre-flight refuses one alone), ``down`` needs ``down_proj``."""

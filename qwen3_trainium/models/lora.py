@@ -55,17 +55,6 @@ def valid_targets(model_config) -> list[str]:
     return [hf for hf, titan in HF_TO_TITAN.items() if titan in names]
 
 
-def is_moe(model_config) -> bool:
-    from torchtitan.models.common.moe import RoutedExperts
-
-    return any(True for _ in model_config.traverse(RoutedExperts.Config, recurse=True))
-
-
-def moe_targets(model_config) -> list[str]:
-    """The HF names that adapt a MoE model's experts (none on a dense model)."""
-    return list(EXPERT_TARGETS) if is_moe(model_config) else []
-
-
 def _titan_targets(targets: list[str], moe: bool) -> list[str]:
     """The Linear names torchtitan's converter adapts: on MoE the expert names go to the experts."""
     linear = [t for t in targets if t in HF_TO_TITAN and not (moe and t in EXPERT_TARGETS)]
@@ -79,6 +68,8 @@ def with_lora(model_config, *, rank: int, alpha: float, targets: list[str]):
     from dataclasses import fields
 
     from torchtitan.components.lora import LoRAConverter
+
+    from qwen3_trainium.models.expert_lora_io import is_moe
 
     base = type(model_config)
     moe = is_moe(model_config)

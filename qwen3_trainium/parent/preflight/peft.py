@@ -68,7 +68,8 @@ def check_targets(run: RunConf, model_config) -> list[Problem]:
     experts' rules (``check_expert_targets``)."""
     if not is_lora(run):
         return []
-    from qwen3_trainium.models.lora import moe_targets, valid_targets
+    from qwen3_trainium.models.expert_lora_io import moe_targets
+    from qwen3_trainium.models.lora import valid_targets
 
     valid = valid_targets(model_config) + moe_targets(model_config)
     missing = [t for t in run.peft.target_modules if t not in valid]
