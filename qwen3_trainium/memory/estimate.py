@@ -22,8 +22,8 @@ divide the layers). Per rank:
 - gradients beyond the activations they replace (the end of backward, where that is higher);
 - ``peft=lora``: gradients and AdamW states for the adapters only, and the matmul outputs that
   selective checkpointing keeps once each adapter adds its two matmuls (``_lora_saved_matmuls``);
-  on the experts, the low-rank path's rank-wide rows or the blockwise route's merged weights
-  (``adapters.py``).
+  on the experts (``adapters.py``), the grouped route's rank-wide rows and its low-rank paths'
+  gradients in the layer in backward, or the blockwise route's merged weights and their gradient.
 The model's parameter counts come from the model itself, built on the meta device. On the
 docs' trn2 lines (but their Slurm examples and ``model=hf``, which ``memory=auto`` traces) it is
 within 15% of the trace (``tests/parent/test_readme_trainium.py``, make test-heavy).
@@ -202,6 +202,8 @@ def estimate(run: RunConf, shape: ModelShape, *, dp_shard: int, capacity: int | 
     parts["logits (+ grad)"] = int((compute + 8) * tokens * shape.vocab / chunks)
     if shape.num_experts and not blockwise:
         parts["MoE routed tokens"] = int(moe_routed_bytes(shape, local_tokens, compute))
+        if shape.expert_adapters:
+            parts["expert LoRA gradients"] = expert_lora.low_rank_grad_bytes(shape, local_tokens, compute)
     if par.tensor_parallel_degree > 1:
         parts["TP gathered sequence"] = tp_gathered_bytes(run, shape, local_tokens, compute)
     parts.update(attention_parts(run, shape, compute, layers))
