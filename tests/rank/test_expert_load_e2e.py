@@ -15,12 +15,12 @@ from PIL import Image
 pytestmark = pytest.mark.heavy
 
 TOP_K, EXPERTS, LAYERS, SEQ = 2, 8, 4, 256  # tiny_moe (config/flavors.py), smoke=on's seq_len
-STEPS = 3
+STEPS = 2
 KEYS = {"moe_load_max_over_mean", "moe_load_entropy", "moe_experts_zero_tokens", "moe_assignments_per_layer"}
 
 
 def _check(run_dir, ranks: int) -> None:
-    per_step = TOP_K * SEQ * 1 * ranks  # local_batch_size 1
+    per_step = TOP_K * SEQ * 1 * ranks  # local_batch_size 1, ranks: data-parallel shards
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for row in rows:
@@ -40,31 +40,37 @@ def _check(run_dir, ranks: int) -> None:
         assert image.format == "PNG"
 
 
-def test_native_moe_with_full_activation_checkpointing_one_rank(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_launch(
-        "model=native",
-        "model.flavor=tiny_moe",
-        "smoke=on",
-        "tracking=off",
-        f"training.steps={STEPS}",
-        "activation_checkpoint.mode=full",
-        f"hydra.run.dir={run_dir}",
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    _check(run_dir, ranks=1)
+# overrides -> data-parallel shards (context and tensor parallel ranks share one shard's tokens:
+# CP splits its sequence, TP with sequence parallel splits its tokens, each counted once)
+CASES = {
+    "native_full_ac_one_rank": (
+        ["model=native", "model.flavor=tiny_moe", "activation_checkpoint.mode=full"],
+        1,
+    ),
+    "nki_moe_selective_ac_dp2": (
+        ["model=nki_moe", "parallel=cpu2", "activation_checkpoint.mode=selective"],
+        2,
+    ),
+    "native_cp2": (["model=native", "model.flavor=tiny_moe", "parallel=cpu2_cp2"], 1),
+    "native_tp2_sequence_parallel": (
+        [
+            "model=native",
+            "model.flavor=tiny_moe",
+            "parallel=cpu2",
+            "parallel.tensor_parallel_degree=2",
+            "parallel.data_parallel_shard_degree=1",
+        ],
+        1,
+    ),
+}
 
 
-def test_nki_moe_with_selective_activation_checkpointing_two_ranks(tmp_path):
+@pytest.mark.parametrize("case", list(CASES))
+def test_moe_run_writes_counts_that_match_top_k_times_tokens(tmp_path, case):
+    overrides, shards = CASES[case]
     run_dir = tmp_path / "run"
     proc = run_launch(
-        "model=nki_moe",
-        "smoke=on",
-        "parallel=cpu2",
-        "tracking=off",
-        f"training.steps={STEPS}",
-        "activation_checkpoint.mode=selective",
-        f"hydra.run.dir={run_dir}",
+        *overrides, "smoke=on", "tracking=off", f"training.steps={STEPS}", f"hydra.run.dir={run_dir}"
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    _check(run_dir, ranks=2)
+    _check(run_dir, ranks=shards)
