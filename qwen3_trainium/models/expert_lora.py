@@ -19,10 +19,8 @@ Two ways to compute, by route:
   the low-rank path is added before the SiLU, ``x W1^T + s (x A^T) B1^T``, with the same grouped
   GEMMs and offsets, so no merged copy of any expert weight exists.
 - the fused blockwise op (``model=nki_moe``, ``kernels=[moe_experts]``): SiLU runs inside the
-  kernel, so it takes merged weights ``W + s*delta``. The op saves its weight inputs for backward;
-  saving the merged copy would keep one full copy of every layer's experts alive until backward
-  (the cost ``FusedExperts`` exists to avoid). A ``saved_tensors_hooks`` pair stores (W, A, B)
-  instead and recomputes the merge when backward reads it.
+  kernel, so it takes merged weights, recomputed in backward rather than saved
+  (``expert_lora_blockwise.py``).
 
 Applied by ``lora.with_lora`` after torchtitan's ``LoRAConverter`` (which would freeze any direct
 parameter of a non-Linear config) on the experts configs it left, so it composes with the exact
@@ -132,7 +130,10 @@ def _grouped_forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Te
     """torchtitan's grouped experts (``GroupedExperts.forward``: bfloat16; ``ParamDtypeGroupedExperts``:
     the parameters' dtype) with each adapter's low-rank path added to its projection's output."""
     w1, w2, w3 = (_local(w) for w in (self.w1_EFD, self.w2_EDF, self.w3_EFD))
-    dtype = w1.dtype if isinstance(self, ParamDtypeGroupedExperts) else torch.bfloat16
+    # torchtitan's GroupedExperts computes in bfloat16; ``in_param_dtype`` (an instance flag) is
+    # for a float32 forward, as ``overrides/experts.py``'s ``float32_experts`` gives it plain experts
+    in_param_dtype = isinstance(self, ParamDtypeGroupedExperts) or self.__dict__.get("in_param_dtype", False)
+    dtype = w1.dtype if in_param_dtype else torch.bfloat16
     offsets = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
 
     def gmm(a, b_t, offs):
@@ -153,82 +154,6 @@ def _grouped_forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Te
     return out.type_as(x_RD)
 
 
-def fused_deltas(experts, a_gate_up, b_gate_up, a_down, b_down):
-    """The adapters' deltas in the fused layout: gate_up ``[E, D, 2, F]`` (``[..., 0, :]`` gate)
-    and down ``[E, F, D]``, each scaled; None for a part not adapted."""
-    s = experts._lora_scaling
-    gate_up = down = None
-    if a_gate_up is not None:
-        e, _, d = a_gate_up.shape
-        gate_up = s * torch.einsum("eor,erd->edo", b_gate_up, a_gate_up).reshape(e, d, 2, -1)
-    if a_down is not None:
-        down = s * torch.einsum("edr,erf->efd", b_down, a_down)
-    return gate_up, down
-
-
-class LoRABlockwiseRoutedExperts(BlockwiseRoutedExperts):
-    """``BlockwiseRoutedExperts`` on merged weights, ``W + s * B @ A`` per expert, with the merged
-    copies recomputed in backward instead of saved (``_RecomputeMerged``)."""
-
-    @dataclass(kw_only=True, slots=True)
-    class Config(BlockwiseRoutedExperts.Config):
-        pass
-
-    def forward(self, x_BLD, topk_scores_BLK, topk_expert_ids_BLK, num_local_tokens_per_expert_E):
-        experts = self.inner_experts
-        names = [getattr(experts, n, None) for n in ADAPTER_PARAMS]
-        adapters = [None if p is None else _local(p) for p in names]
-        bases = (_local(experts.gate_up_ED2F), _local(experts.down_EFD))
-        deltas = fused_deltas(experts, *adapters)
-        merged = tuple(w if d is None else w + d.to(w.dtype) for w, d in zip(bases, deltas, strict=True))
-        with _RecomputeMerged(experts, bases, adapters, merged):
-            return _blockwise(self, x_BLD, topk_scores_BLK, topk_expert_ids_BLK, merged)
-
-
-def _blockwise(routed, x_BLD, topk_scores_BLK, topk_expert_ids_BLK, weights):
-    from qwen3_trainium.models.kernels import moe as moe_ops
-
-    batch, seq, dim = x_BLD.shape
-    top_k = topk_scores_BLK.shape[-1]
-    out_TD = moe_ops.routed_experts(
-        x_BLD.reshape(-1, dim),
-        topk_scores_BLK.reshape(-1, top_k),
-        topk_expert_ids_BLK.reshape(-1, top_k),
-        *weights,
-        block_size=routed.block_size,
-        compute_dtype=routed.compute_dtype,
-    )
-    return out_TD.view(batch, seq, dim)
-
-
-class _RecomputeMerged(torch.autograd.graph.saved_tensors_hooks):
-    """Within: a merged weight that autograd saves for backward is stored as the recipe (the
-    frozen base, the adapters) and merged again when backward unpacks it; any other saved tensor
-    is kept as usual. The merge reads the base and adapters, which FSDP gathers again for the
-    layer's backward as it does for the base weights the op saves without LoRA."""
-
-    def __init__(self, experts, bases, adapters, merged):
-        keys = {_key(m): i for i, (m, w) in enumerate(zip(merged, bases, strict=True)) if m is not w}
-
-        def pack(t):
-            index = keys.get(_key(t))
-            return ("merged", index) if index is not None else t
-
-        def unpack(packed):
-            if isinstance(packed, tuple):
-                with torch.no_grad():
-                    deltas = fused_deltas(experts, *(None if a is None else a.detach() for a in adapters))
-                    base = bases[packed[1]]
-                    return base + deltas[packed[1]].to(base.dtype)
-            return packed
-
-        super().__init__(pack, unpack)
-
-
-def _key(t: torch.Tensor):
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
-
-
 def convert_experts(model_config, *, rank: int, alpha: float, parts) -> int:
     """Replace every routed experts config in ``model_config`` (as ``LoRAConverter`` left it) by
     its LoRA form; the number replaced. The blockwise route's own config becomes
@@ -245,6 +170,8 @@ def convert_experts(model_config, *, rank: int, alpha: float, parts) -> int:
         values["sharding_config"] = _with_adapter_shardings(inner.sharding_config, parts)
         lora_cfg = lora_experts_cls(owner).Config(**values, rank=rank, alpha=alpha, parts=tuple(parts))
         if isinstance(cfg, BlockwiseRoutedExperts.Config):
+            from qwen3_trainium.models.expert_lora_blockwise import LoRABlockwiseRoutedExperts
+
             cfg = derive(cfg, LoRABlockwiseRoutedExperts.Config)
             setattr(parent, attr, cfg) if isinstance(attr, str) else parent.__setitem__(attr, cfg)
         cfg.inner_experts = lora_cfg

@@ -17,7 +17,8 @@ import re
 
 import torch
 
-from qwen3_trainium.models.expert_lora import DOWN, GATE_UP, fused_deltas
+from qwen3_trainium.models.expert_lora import DOWN, GATE_UP
+from qwen3_trainium.models.expert_lora_blockwise import fused_deltas
 
 PARAM_NAMES = {GATE_UP: "mlp.experts.gate_up_proj", DOWN: "mlp.experts.down_proj"}
 

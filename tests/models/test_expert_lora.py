@@ -15,7 +15,7 @@ from conftest import resolve
 from safetensors.torch import load_file, save_file
 
 from qwen3_trainium.data import assets
-from qwen3_trainium.models import expert_lora, lora
+from qwen3_trainium.models import expert_lora_blockwise, lora
 from qwen3_trainium.parent import export_check, preflight
 from qwen3_trainium.rank.titan import to_trainer_config
 
@@ -157,17 +157,17 @@ def test_the_blockwise_route_recomputes_its_merged_weights_in_backward(tmp_path,
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
     calls = {"forward": 0, "backward": 0}
-    real = expert_lora.fused_deltas
+    real = expert_lora_blockwise.fused_deltas
 
     def counted(*args):
         calls["backward" if torch._C._current_graph_task_id() != -1 else "forward"] += 1
         return real(*args)
 
-    monkeypatch.setattr(expert_lora, "fused_deltas", counted)
+    monkeypatch.setattr(expert_lora_blockwise, "fused_deltas", counted)
     recomputed = grads()
     assert calls == {"forward": 4, "backward": 8}, calls  # 4 layers; gate_up and down each re-merged
     monkeypatch.setattr(
-        expert_lora,
+        expert_lora_blockwise,
         "_RecomputeMerged",
         lambda *a: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t),
     )
@@ -193,6 +193,7 @@ def _keys(*overrides):
             ("model=nki_moe", ALL, "parallel.tensor_parallel_degree=2", "launcher.nproc_per_node=2"),
             "parallel.tensor_parallel_degree",
         ),
+        (("model=nki_moe", ALL, "compile.enable=true"), "compile.enable"),
         (("model=nki_moe", ALL), None),
         (
             ("model=native", "model.flavor=tiny_moe", "peft.target_modules=[gate_proj,up_proj,down_proj]"),
@@ -203,5 +204,5 @@ def _keys(*overrides):
 )
 def test_preflight_rules_for_the_expert_targets(overrides, refused):
     keys = _keys(*overrides)
-    peft_keys = [k for k, _ in keys if k.startswith(("peft.", "parallel.tensor"))]
+    peft_keys = [k for k, _ in keys if k.startswith(("peft.", "parallel.tensor", "compile."))]
     assert peft_keys == ([refused] if refused else []), keys

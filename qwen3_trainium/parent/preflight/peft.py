@@ -100,6 +100,16 @@ def check_expert_targets(run: RunConf) -> list[Problem]:
                 "list gate_proj and up_proj together, or neither",
             )
         )
+    if run.compile.enable and "moe_experts" in run.model.kernels:
+        problems.append(
+            Problem(
+                "compile.enable",
+                True,
+                "LoRA on the blockwise experts recomputes their merged weights in backward through"
+                " saved-tensor hooks, which torch.compile (dynamo) cannot trace",
+                "compile.enable=false, or model.kernels without moe_experts (torchtitan's grouped experts)",
+            )
+        )
     parallel = run.parallel
     for key, degree in (
         ("parallel.tensor_parallel_degree", parallel.tensor_parallel_degree),
