@@ -37,7 +37,9 @@ class DataConf:
     preview: int = 0  # write N packed rows to data_preview.md / data_preview.jsonl in the run dir
 
 
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")  # Hugging Face's names
+# Hugging Face's names. Also gate_proj, up_proj, down_proj: Linear modules on dense flavors, the
+# experts' parameters on MoE (PEFT's target_parameters, models/expert_lora.py; gate and up together)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclass
