@@ -92,8 +92,11 @@ class LoadCounter:
         self.first_step: int | None = None
         self.last_step = 0
 
-    def read(self) -> None:
-        """The step's counts over all ranks, added to the window; the buffers zeroed (pre-hook)."""
+    def read(self, step: int) -> None:
+        """The counts of training step ``step`` over all ranks, added to the window; the buffers
+        zeroed (an optimizer step pre-hook)."""
+        if self.first_step is None:  # a resumed run's first step is past 1
+            self.first_step = step
         with torch.no_grad():
             rows = []
             for _, block, moe in self.blocks:
@@ -131,8 +134,6 @@ class LoadCounter:
         window = self.window.to("cpu", torch.float64)
         self.window.zero_()
         self.totals += window
-        if self.first_step is None:
-            self.first_step = step
         self.last_step = step
         return window
 
@@ -186,7 +187,7 @@ class ExpertLoad:
             run_dir=os.environ.get(RUN_DIR_ENV) or self.config.dump_folder,
             writer=rank == _get_metrics_rank(parallel_dims=dims, pp_schedule=schedule),
         )
-        run_first(self.optimizers, counter.read)
+        run_first(self.optimizers, lambda: counter.read(self.step))  # torchtitan counts from 1
         self.metrics_processor.extra_sources.append(counter.log)
         self._expert_load = counter
 

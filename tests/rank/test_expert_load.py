@@ -5,6 +5,7 @@ hook, the idle-expert warning, and the figures against hand-made tables."""
 from __future__ import annotations
 
 import copy
+import json
 import logging
 
 import pytest
@@ -87,7 +88,7 @@ def test_counts_per_step_are_the_routers_choices_under_activation_checkpointing(
         assert all(expert_load._recomputed(block) for _, block, _ in expert_load.moe_blocks([model]))
     counter = _counter(model, tmp_path)
     _step(model)  # the same batch and weights: the same choices, counted once
-    counter.read()
+    counter.read(1)
     assert torch.equal(counter.window, oracle), policy
 
 
@@ -98,7 +99,7 @@ def test_nki_moe_counts_like_the_router(tmp_path):
     oracle = torch.stack(_chosen(model))
     counter = _counter(model, tmp_path)
     _step(model)
-    counter.read()
+    counter.read(1)
     assert torch.equal(counter.window, oracle)
 
 
@@ -119,7 +120,7 @@ def test_read_runs_before_torchtitans_bias_hook_which_still_sees_the_counts(tiny
     optimizer = torch.optim.SGD(tiny_moe.parameters(), lr=0.0)
     register_moe_load_balancing_hook(optimizer, [tiny_moe], _OneRank())  # registered first, as in the Trainer
     counter = _counter(tiny_moe, tmp_path)
-    expert_load.run_first(optimizer, counter.read)
+    expert_load.run_first(optimizer, lambda: counter.read(1))
     bias_before = [moe.expert_bias_E.clone() for _, _, moe in blocks]
     oracle = torch.stack(_chosen(tiny_moe))
     optimizer.step()
@@ -146,10 +147,10 @@ def test_without_the_bias_hook_read_zeroes_the_buffers(no_bias_hook, tmp_path):
     blocks = expert_load.moe_blocks([no_bias_hook])
     counter = _counter(no_bias_hook, tmp_path)
     oracle = torch.stack(_chosen(no_bias_hook))  # the buffers now hold this step's counts
-    counter.read()
+    counter.read(1)
     assert all(moe.tokens_per_expert_E.sum() == 0 for _, _, moe in blocks)
     _step(no_bias_hook)  # the same batch again: the same counts, not the sum since the start
-    counter.read()
+    counter.read(1)
     assert torch.equal(counter.window, 2 * oracle)
 
 
@@ -171,7 +172,7 @@ def test_an_expert_the_router_never_picks_is_warned_about_once_per_streak(no_bia
         def steps(n: int, first: int) -> None:
             for step in range(first, first + n):
                 _step(tiny_moe, seed=step)
-                counter.read()
+                counter.read(step)
                 counter.log(step)
 
         steps(2, 1)
@@ -193,6 +194,17 @@ def test_an_expert_the_router_never_picks_is_warned_about_once_per_streak(no_bia
             bias.copy_(saved)
 
 
+def test_the_record_covers_every_step_read_from_a_resumed_runs_first(no_bias_hook, tmp_path):
+    counter = _counter(no_bias_hook, tmp_path)
+    for step in (101, 102, 103):  # resumed at step 100, logging every 10 steps: first log at 110
+        _step(no_bias_hook, seed=step)
+        counter.read(step)
+    counter.finish(103)  # the last step, before any log step
+    data = json.loads((tmp_path / "expert_load.json").read_text())
+    assert (data["first_step"], data["step"]) == (101, 103)
+    assert [sum(layer) for layer in data["tokens_per_expert"]] == [3 * TOP_K * 2 * SEQ] * 4
+
+
 def test_idle_warn_steps_zero_never_warns(no_bias_hook, tmp_path, caplog):
     tiny_moe = no_bias_hook
     blocks = expert_load.moe_blocks([tiny_moe])
@@ -205,7 +217,7 @@ def test_idle_warn_steps_zero_never_warns(no_bias_hook, tmp_path, caplog):
             bias[0] = -1e9
         for step in range(1, 4):
             _step(tiny_moe, seed=step)
-            counter.read()
+            counter.read(step)
             figures = counter.log(step)
             assert figures[expert_figures.ZERO_TOKENS] >= 1  # seen in the figures, not warned
     finally:
