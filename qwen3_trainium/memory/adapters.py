@@ -65,7 +65,10 @@ def low_rank_grad_bytes(shape: ModelShape, tokens: int, compute: int) -> int:
 def merged_expert_bytes(run: RunConf, shape: ModelShape, compute: int) -> int:
     """The blockwise route's transient in the layer in backward: its merged expert weights and
     their gradient, one ``[E, D, 2F]`` and ``[E, F, D]`` pair each (only the adapted parts are
-    merged; an unadapted part passes its base weight, already counted with FSDP's unit)."""
+    merged; an unadapted part passes its base weight, already counted with FSDP's unit). What
+    the route is designed to hold: with activation checkpointing its trace kept far more on
+    2026-12-06 (the hooks sit inside the checkpointed layer; docs/memory.md, "LoRA on the
+    experts")."""
     parts = dict(shape.expert_adapters)
     width = shape.expert_width // run.parallel.tensor_parallel_degree
     per_expert = (2 if "gate_up" in parts else 0) * shape.dim * width + (
