@@ -200,9 +200,43 @@ def _keys(*overrides):
             None,
         ),
         (("model=native", "model.flavor=tiny", "peft.target_modules=[gate_proj]"), None),  # dense: a Linear
+        # torch._grouped_mm's 16-byte strides: the grouped route's low-rank path at rank 4 in bfloat16
+        (("model=native", "model.flavor=tiny_moe", ALL, "peft.rank=4"), "peft.rank"),
+        (("model=nki_moe", ALL, "peft.rank=4"), None),  # merged weights: any rank
     ],
 )
 def test_preflight_rules_for_the_expert_targets(overrides, refused):
     keys = _keys(*overrides)
     peft_keys = [k for k, _ in keys if k.startswith(("peft.", "parallel.tensor", "compile."))]
     assert peft_keys == ([refused] if refused else []), keys
+
+
+def test_float32_experts_runs_torchtitans_lora_experts_in_float32():
+    """The export probe's ``float32_experts`` reaches expert LoRA built on torchtitan's own
+    ``GroupedExperts`` (bfloat16 otherwise): the forward within equals a float32 oracle."""
+    from torchtitan.models.common.moe import GroupedExperts
+
+    from qwen3_trainium.models.expert_lora import lora_experts_cls
+    from qwen3_trainium.models.overrides.experts import float32_experts
+
+    cls = lora_experts_cls(GroupedExperts)
+    experts = cls(cls.Config(dim=16, hidden_dim=8, num_experts=2, rank=8, alpha=16.0))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator))
+    x, counts = torch.randn(6, 16, generator=generator), torch.tensor([4, 2])
+    expected = []
+    for e, rows in enumerate(x.split(counts.tolist())):  # per expert, float32, by hand
+        s = 16.0 / 8
+        gate = rows @ (experts.w1_EFD[e] + s * experts.lora_b_gate_up[e, :8] @ experts.lora_a_gate_up[e]).T
+        up = rows @ (experts.w3_EFD[e] + s * experts.lora_b_gate_up[e, 8:] @ experts.lora_a_gate_up[e]).T
+        down = experts.w2_EDF[e] + s * experts.lora_b_down[e] @ experts.lora_a_down[e]
+        expected.append((torch.nn.functional.silu(gate) * up) @ down.T)
+    expected = torch.cat(expected)
+    with torch.no_grad(), float32_experts(experts):
+        within = experts(x, counts)
+    outside = experts(x, counts).detach()
+    assert (within - expected).abs().max() < 1e-4 * expected.abs().max()
+    assert (outside - expected).abs().max() > 1e-3 * expected.abs().max()  # bfloat16 outside
+    assert "in_param_dtype" not in experts.__dict__

@@ -179,9 +179,9 @@ def _full(flavor):
             "q_proj, k_proj and v_proj together",
         ),
         (
-            ["model=nki_moe", "peft.target_modules=[o_proj,down_proj]"],
+            ["model=nki_moe", "peft.target_modules=[o_proj,gate_proj]"],
             "peft.target_modules",
-            "GroupedExperts",
+            "list gate_proj and up_proj together",
         ),
         (["checkpoint=hf_export"], "checkpoint.last_save_in_hf", "checkpoint=[hf_finetune,hf_export]"),
         (["peft.rank=0"], "peft.rank", ">= 1"),

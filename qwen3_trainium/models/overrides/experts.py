@@ -53,16 +53,22 @@ def float32_experts(model: torch.nn.Module):
     - torchtitan's ``GroupedExperts`` casts to bfloat16 in its ``forward``; each instance is given
       this module's forward (the same grouped GEMMs in the weights' dtype, float32 within the
       probe) as an instance attribute, removed on exit;
+    - expert LoRA's subclasses of it (``models/expert_lora.py``) read an ``in_param_dtype`` flag;
     - ``BlockwiseRoutedExperts`` (model=nki_moe) computes in ``model.moe_compute_dtype``, bfloat16
       on Neuron or with bfloat16 parameters; its ``compute_dtype`` is float32 within.
     """
     from qwen3_trainium.models.overrides.blockwise_experts import BlockwiseRoutedExperts
 
-    swapped, blockwise = [], []
+    swapped, flagged, blockwise = [], [], []
     for module in model.modules():
         if type(module) is GroupedExperts:
             module.forward = types.MethodType(ParamDtypeGroupedExperts.forward, module)
             swapped.append(module)
+        elif getattr(module, "lora_parts", None) and isinstance(module, GroupedExperts):
+            # expert LoRA's grouped experts (models/expert_lora.py) compute in the weights' dtype
+            # while this instance flag is set
+            module.in_param_dtype = True
+            flagged.append(module)
         elif isinstance(module, BlockwiseRoutedExperts):
             blockwise.append((module, module.compute_dtype))
             module.compute_dtype = "float32"
@@ -71,5 +77,7 @@ def float32_experts(model: torch.nn.Module):
     finally:
         for module in swapped:
             del module.forward
+        for module in flagged:
+            del module.in_param_dtype
         for module, dtype in blockwise:
             module.compute_dtype = dtype

@@ -80,6 +80,10 @@ def check_targets(run: RunConf, model_config) -> list[Problem]:
     return check_expert_targets(run) if moe_targets(model_config) else []
 
 
+# 16 bytes / 2 (bfloat16, the grouped experts' compute dtype off CPU float32)
+GROUPED_RANK_MULTIPLE = 8
+
+
 def check_expert_targets(run: RunConf) -> list[Problem]:
     """LoRA on the experts (``models/expert_lora.py``): gate and up together, and no tensor or
     expert parallelism (its adapters are sharded like the experts by FSDP only)."""
@@ -108,6 +112,18 @@ def check_expert_targets(run: RunConf) -> list[Problem]:
                 "LoRA on the blockwise experts recomputes their merged weights in backward through"
                 " saved-tensor hooks, which torch.compile (dynamo) cannot trace",
                 "compile.enable=false, or model.kernels without moe_experts (torchtitan's grouped experts)",
+            )
+        )
+    if "moe_experts" not in run.model.kernels and run.peft.rank % GROUPED_RANK_MULTIPLE:
+        problems.append(
+            Problem(
+                "peft.rank",
+                run.peft.rank,
+                "on torchtitan's grouped experts the adapters' low-rank path is two torch._grouped_mm"
+                " calls, and torch._grouped_mm wants 16-byte strides (RuntimeError 'strides should be"
+                " multiple of 16 bytes' otherwise, seen on CPU): rank x 2 bytes in bfloat16",
+                f"peft.rank={max(GROUPED_RANK_MULTIPLE, run.peft.rank // GROUPED_RANK_MULTIPLE * GROUPED_RANK_MULTIPLE)}"
+                f" (a multiple of {GROUPED_RANK_MULTIPLE})",
             )
         )
     parallel = run.parallel
