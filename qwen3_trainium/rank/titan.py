@@ -77,8 +77,12 @@ def _activation_checkpoint(mode: ACMode):
 def _training(run: RunConf):
     from torchtitan.config import TrainingConfig
 
-    # CUDA graphs are a CUDA feature; elsewhere torchtitan would only warn and run eager.
-    return TrainingConfig(**fields(run.training), disable_cuda_graphs=run.device.type.value != "cuda")
+    # CUDA graphs are a CUDA feature; elsewhere torchtitan would only warn and run eager. The
+    # MoE balance losses pool each forward in Python and read their value on the host
+    # (models/moe_balance.py): no CPU<->GPU synchronisation is allowed in a captured step.
+    balance = moe_balance(run)
+    graphs = run.device.type.value == "cuda" and not (balance.aux_loss_coef or balance.z_loss_coef)
+    return TrainingConfig(**fields(run.training), disable_cuda_graphs=not graphs)
 
 
 def _metrics(run: RunConf, run_dir: str):
@@ -166,6 +170,13 @@ def hf_checkpoint(run: RunConf) -> bool:
     return ckpt.enable and (ckpt.initial_load_in_hf or ckpt.last_save_in_hf)
 
 
+def moe_balance(run: RunConf):
+    """The balance losses' coefficients (``rank/moe_balance.py``); 0 without a native MoE."""
+    from qwen3_trainium.rank.moe_balance import balance_config
+
+    return balance_config(run, run.model.path is not ModelPath.hf and run.model.flavor in flavors.MOE_FLAVORS)
+
+
 def _balance(run: RunConf, model_config) -> None:
     """``model.moe_balance`` on the model (``rank/moe_balance.py``): torchtitan's aux-loss-free
     expert bias (``MoE.Config.load_balance_coeff``, on in its Qwen3-MoE flavors) stays only for
@@ -173,14 +184,13 @@ def _balance(run: RunConf, model_config) -> None:
     (pre-flight refuses bias with HF weights). The routers record the aux/z-loss sums when a
     coefficient is on."""
     from qwen3_trainium.models.moe_balance import use_balanced_routers
-    from qwen3_trainium.rank.moe_balance import Mode, balance_config, mode
+    from qwen3_trainium.rank.moe_balance import Mode, mode
 
-    moe = run.model.flavor in flavors.MOE_FLAVORS
-    if mode(run, moe) is not Mode.bias:
+    if mode(run, run.model.flavor in flavors.MOE_FLAVORS) is not Mode.bias:
         for layer in model_config.layers:
             if getattr(layer, "moe", None) is not None:
                 layer.moe.load_balance_coeff = None
-    balance = balance_config(run, moe)
+    balance = moe_balance(run)
     if balance.aux_loss_coef or balance.z_loss_coef:
         use_balanced_routers(model_config)
 
@@ -231,14 +241,11 @@ def to_trainer_config(run: RunConf, run_dir: str):
     from torchtitan.components.optimizer import LRSchedulersContainer
     from torchtitan.config import CompileConfig, DebugConfig, OverrideConfig, ParallelismConfig
 
-    from qwen3_trainium.rank.moe_balance import balance_config
-
     config_cls, model_parts = _model_parts(run)
     dataloader, evaluation = titan_eval.evaluation(run, run_dir)
-    moe = run.model.path is not ModelPath.hf and run.model.flavor in flavors.MOE_FLAVORS
     return config_cls(
         **model_parts,
-        moe_balance=balance_config(run, moe),
+        moe_balance=moe_balance(run),
         **evaluation,
         hf_assets_path=run.data.hf_assets_path,
         dump_folder=run_dir,
