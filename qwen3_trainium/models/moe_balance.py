@@ -122,11 +122,7 @@ class BalancedRouter(TokenChoiceTopKRouter):
     ledger: Ledger | None = None
 
     def forward(self, x_BLD, expert_bias_E=None):
-        if (
-            self.score_func != "softmax"
-            or self.num_expert_groups is not None
-            or self._debug_force_load_balance
-        ):
+        if self.score_func != "softmax" or self.num_expert_groups is not None:
             raise NotImplementedError("the balance losses are Qwen3's: softmax, no expert groups")
         with torch.autocast(device_type=x_BLD.device.type, dtype=torch.float32):
             logits_BLE = self.gate(x_BLD)
@@ -134,6 +130,8 @@ class BalancedRouter(TokenChoiceTopKRouter):
         choice = scores_BLE if expert_bias_E is None else scores_BLE + expert_bias_E
         _, topk_expert_ids_BLK = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)
         topk_scores_BLK = scores_BLE.gather(dim=-1, index=topk_expert_ids_BLK)
+        if self._debug_force_load_balance:  # torchtitan's round robin (debug.moe_force_load_balance)
+            topk_expert_ids_BLK, topk_scores_BLK = self._debug_force_load_balance_routing(scores_BLE)
         if self.route_norm:
             topk_scores_BLK = topk_scores_BLK / (topk_scores_BLK.sum(dim=-1, keepdim=True) + 1e-20)
         topk_scores_BLK = topk_scores_BLK * self.route_scale

@@ -244,3 +244,21 @@ def test_knobs_a_run_would_ignore_are_refused(overrides, keys):
     extra = [f"model.hf_model={assets.ensure_hf_model()}"] if overrides[0] == "model=hf" else []
     run = resolve(*path, "device=cpu", *extra, *overrides)
     assert [p.key for p in moe.check_balance(run)] == keys
+
+
+@pytest.mark.parametrize("bias, force", [(False, False), (True, False), (False, True)])
+def test_the_router_routes_exactly_as_torchtitans(bias, force):
+    """The copied forward: the same scores and experts as ``TokenChoiceTopKRouter`` (with the
+    expert bias of ``bias`` mode, and with torchtitan's debug round robin), ledger attached."""
+    from torchtitan.models.common.decoder import Linear
+    from torchtitan.models.common.moe import TokenChoiceTopKRouter
+
+    cfg = TokenChoiceTopKRouter.Config(num_experts=8, gate=Linear.Config(in_features=16, out_features=8, bias=False),
+                                       top_k=2, score_func="softmax", route_norm=True, _debug_force_load_balance=force)  # fmt: skip
+    theirs, ours = cfg.build(), moe_balance.balanced_router_config(cfg).build()
+    ours.load_state_dict(theirs.state_dict())
+    ours.ledger = moe_balance.Ledger(1, 8, 1.0, 0.0)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    expert_bias = torch.linspace(-0.1, 0.1, 8) if bias else None
+    for a, b in zip(ours.train()(x, expert_bias), theirs.train()(x, expert_bias), strict=True):
+        assert torch.equal(a, b)
