@@ -69,26 +69,46 @@ def _blockwise(routed, x_BLD, topk_scores_BLK, topk_expert_ids_BLK, weights):
 
 class _RecomputeMerged(torch.autograd.graph.saved_tensors_hooks):
     """Within: a merged weight that autograd saves for backward is stored as the recipe (the
-    frozen base, the adapters) and merged again when backward unpacks it; any other saved tensor
-    is kept as usual. The merge reads the base and adapters, which FSDP gathers again for the
+    frozen base, the adapters) and merged again when backward unpacks it. Every other saved tensor
+    goes to the hooks that were in force outside (activation checkpointing's, which drop it and
+    recompute the layer), or is kept as usual when there are none: the innermost hooks receive
+    every tensor saved within, so keeping them here would undo the checkpoint (108 GiB a rank on
+    30B-A3B, traced). The merge reads the base and adapters, which FSDP gathers again for the
     layer's backward as it does for the base weights the op saves without LoRA."""
 
     def __init__(self, experts, bases, adapters, merged):
         keys = {_key(m): i for i, (m, w) in enumerate(zip(merged, bases, strict=True)) if m is not w}
+        # the hooks in force now, which this context shadows once entered (torch.utils.checkpoint
+        # reads the same: _current_user_saved_tensors_hooks)
+        outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
 
         def pack(t):
             index = keys.get(_key(t))
-            return ("merged", index) if index is not None else t
+            if index is not None:
+                return _Recipe(index)
+            return _Outer(outer[0](t)) if outer is not None else t
 
         def unpack(packed):
-            if isinstance(packed, tuple):
+            if isinstance(packed, _Recipe):
                 with torch.no_grad():
                     deltas = fused_deltas(experts, *(None if a is None else a.detach() for a in adapters))
-                    base = bases[packed[1]]
-                    return base + deltas[packed[1]].to(base.dtype)
+                    base = bases[packed.index]
+                    return base + deltas[packed.index].to(base.dtype)
+            if isinstance(packed, _Outer):
+                return outer[1](packed.value)
             return packed
 
         super().__init__(pack, unpack)
+
+
+@dataclass(frozen=True, slots=True)
+class _Recipe:
+    index: int  # which merged weight: 0 gate_up, 1 down
+
+
+@dataclass(frozen=True, slots=True)
+class _Outer:
+    value: object  # what the outer hooks' pack returned
 
 
 def _key(t: torch.Tensor):

@@ -6,8 +6,11 @@ backward, and pre-flight's rules for the expert targets."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
+from collections import Counter
+from unittest import mock
 
 import pytest
 import torch
@@ -203,6 +206,9 @@ def _keys(*overrides):
         # torch._grouped_mm's 16-byte strides: the grouped route's low-rank path at rank 4 in bfloat16
         (("model=native", "model.flavor=tiny_moe", ALL, "peft.rank=4"), "peft.rank"),
         (("model=nki_moe", ALL, "peft.rank=4"), None),  # merged weights: any rank
+        # FSDP over 16 ranks, tiny_moe's 8 experts: torchtitan shards the adapters on dim 1 (the rank)
+        (("model=nki_moe", ALL, "launcher.nproc_per_node=16"), "peft.rank"),
+        (("model=nki_moe", ALL, "launcher.nproc_per_node=16", "peft.rank=16"), None),
     ],
 )
 def test_preflight_rules_for_the_expert_targets(overrides, refused):
@@ -240,3 +246,50 @@ def test_float32_experts_runs_torchtitans_lora_experts_in_float32():
     assert (within - expected).abs().max() < 1e-4 * expected.abs().max()
     assert (outside - expected).abs().max() > 1e-3 * expected.abs().max()  # bfloat16 outside
     assert "in_param_dtype" not in experts.__dict__
+
+
+def test_the_blockwise_recompute_leaves_activation_checkpointing_in_charge(tmp_path):
+    """Under activation checkpointing (hooks outside the layer), every tensor the layer saves
+    but the merged weights goes to the checkpoint's hooks, not kept by ours; and gradients with
+    the layer checkpointed equal those without (full AC on every block)."""
+    from torch.utils.checkpoint import checkpoint
+
+    model, _, _ = _build(tmp_path, "nki_moe", "peft.target_modules=[gate_proj,up_proj,down_proj]")
+    tokens, positions = _tokens(), torch.arange(SEQ).repeat(2, 1)
+
+    def saved_outside() -> list[tuple]:
+        shapes = []
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: (shapes.append(tuple(t.shape)), t)[1], lambda t: t
+        ):
+            model(tokens, positions=positions, attention_masks=model.get_attention_masks(positions))
+        return shapes
+
+    ours = saved_outside()
+    with mock.patch.object(expert_lora_blockwise, "_RecomputeMerged", lambda *a: contextlib.nullcontext()):
+        every = saved_outside()  # no hooks of ours: the outer hooks see all, merged weights too
+    experts = model.layers["0"].moe.routed_experts.inner_experts
+    merged = {tuple(experts.gate_up_ED2F.shape), tuple(experts.down_EFD.shape)}
+    missing, extra = Counter(every) - Counter(ours), Counter(ours) - Counter(every)
+    # all but the merged weights the op saves (4 layers x 2) reach the checkpoint's hooks
+    assert set(missing) <= merged and sum(missing.values()) == 8 and not extra, (missing, extra)
+
+    def grads(checkpointed: bool):
+        model.zero_grad()
+        blocks = list(model.layers.values())
+        saved = [b.forward for b in blocks]
+        if checkpointed:
+            for b, fwd in zip(blocks, saved, strict=True):
+                b.forward = lambda *a, _f=fwd, **k: checkpoint(_f, *a, use_reentrant=False, **k)
+        try:
+            model(
+                tokens, positions=positions, attention_masks=model.get_attention_masks(positions)
+            ).sum().backward()
+        finally:
+            for b in blocks:
+                b.__dict__.pop("forward", None)
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    plain, checkpointed = grads(False), grads(True)
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], atol=1e-6, rtol=1e-5)

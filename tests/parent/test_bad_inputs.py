@@ -119,6 +119,7 @@ OUT_OF_RANGE = {
     "checkpoint.keep_latest_k": ["-1"],
     "checkpoint.load_step": ["-2"],
     "tracking.log_freq": ["0"],
+    "tracking.expert_idle_warn_steps": ["-1"],
     "debug.seed": ["-1"],
     "model.moe_block_size": ["0"],
     "eval.freq": ["0"],

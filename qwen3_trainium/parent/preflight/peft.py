@@ -77,7 +77,38 @@ def check_targets(run: RunConf, model_config) -> list[Problem]:
         why = f"{', '.join(missing)}: not a module of {run.model.flavor}"
         targets = list(run.peft.target_modules)
         return [Problem("peft.target_modules", targets, why, f"choose from {', '.join(valid)}")]
-    return check_expert_targets(run) if moe_targets(model_config) else []
+    if not moe_targets(model_config):
+        return []
+    return check_expert_targets(run) + _uneven_expert_shards(run, model_config)
+
+
+def _uneven_expert_shards(run: RunConf, model_config) -> list[Problem]:
+    """torchtitan shards every parameter of the experts module on dim 1 when the FSDP mesh
+    (shard x context parallel) is larger than the number of experts (``distributed/fsdp.py``,
+    ``apply_fsdp_to_decoder``), and FSDP refuses uneven shards on dim 1 ("FSDP does not support
+    uneven sharding on dim 1", seen at 64 ranks on tiny_moe). The A adapters' dim 1 is the rank."""
+    from torchtitan.models.common.moe import RoutedExperts
+
+    from qwen3_trainium.config.runconfig import degrees
+    from qwen3_trainium.models.lora import EXPERT_TARGETS
+
+    if not any(t in EXPERT_TARGETS for t in run.peft.target_modules):
+        return []
+    experts = next(cfg for _, cfg, *_ in model_config.traverse(RoutedExperts.Config, recurse=True))
+    num_experts = experts.inner_experts.num_experts
+    fsdp = degrees(run).shard * run.parallel.context_parallel_degree
+    if fsdp <= num_experts or run.peft.rank % fsdp == 0:
+        return []
+    return [
+        Problem(
+            "peft.rank",
+            run.peft.rank,
+            f"FSDP over {fsdp} ranks, more than the {num_experts} experts, shards the expert adapters"
+            " on their rank dimension, which must then divide evenly",
+            f"parallel.data_parallel_replicate_degree=<{fsdp} / a divisor> so that the shard degree is at"
+            f" most {num_experts} (HSDP), or peft.rank=<a multiple of {fsdp}>",
+        )
+    ]
 
 
 # 16 bytes / 2 (bfloat16, the grouped experts' compute dtype off CPU float32)

@@ -156,6 +156,12 @@ RANGES: tuple[Range, ...] = (
     ),
     Range("tracking.log_freq", _at_least_1, ">= 1 (steps between metric logs)", "tracking.log_freq=1"),
     Range(
+        "tracking.expert_idle_warn_steps",
+        _nonneg,
+        ">= 0 (0: no idle-expert warning)",
+        "tracking.expert_idle_warn_steps=100",
+    ),
+    Range(
         "debug.seed",
         lambda v, _r: v is None or 0 <= v < 2**63,
         "null or in [0, 2**63)",
