@@ -206,6 +206,8 @@ def _keys(*overrides):
         # torch._grouped_mm's 16-byte strides: the grouped route's low-rank path at rank 4 in bfloat16
         (("model=native", "model.flavor=tiny_moe", ALL, "peft.rank=4"), "peft.rank"),
         (("model=nki_moe", ALL, "peft.rank=4"), None),  # merged weights: any rank
+        (("model=nki_moe", ALL, "activation_checkpoint.mode=selective"), "activation_checkpoint.mode"),
+        (("model=nki_moe", ALL, "activation_checkpoint.mode=full"), None),
         # FSDP over 16 ranks, tiny_moe's 8 experts: torchtitan shards the adapters on dim 1 (the rank)
         (("model=nki_moe", ALL, "launcher.nproc_per_node=16"), "peft.rank"),
         (("model=nki_moe", ALL, "launcher.nproc_per_node=16", "peft.rank=16"), None),
@@ -213,7 +215,7 @@ def _keys(*overrides):
 )
 def test_preflight_rules_for_the_expert_targets(overrides, refused):
     keys = _keys(*overrides)
-    peft_keys = [k for k, _ in keys if k.startswith(("peft.", "parallel.tensor", "compile."))]
+    peft_keys = [k for k, _ in keys if k.startswith(("peft.", "parallel.tensor", "compile.", "activation_"))]
     assert peft_keys == ([refused] if refused else []), keys
 
 
