@@ -90,7 +90,12 @@ class MoEBalance:
         from qwen3_trainium.models.moe_balance import install
 
         dims = self.parallel_dims
-        shares = dims.dp_replicate * dims.dp_shard * self.gradient_accumulation_steps
+        # Each (DP rank, micro-batch) adds its share of the mean, and torchtitan sums gradients
+        # over both. Under tensor parallel every TP rank's router sees all of its batch's tokens
+        # (the sequence is gathered before the MoE layer: the counts need no TP reduction) and
+        # the replicated router's gradient is summed over TP, so each TP rank adds 1/tp of it
+        # (measured: exactly 2x the 1-rank gradient at TP 2 without this factor).
+        shares = dims.dp_replicate * dims.dp_shard * dims.tp * self.gradient_accumulation_steps
         group = dims.get_mesh("cp").get_group() if dims.cp_enabled else None
         for part in self.model_parts:
             ledger = install(part, balance.aux_loss_coef / shares, balance.z_loss_coef / shares, group)

@@ -110,3 +110,23 @@ def test_router_gradient_is_the_same_for_1x2_and_2x1_and_its_aux_part_is_transfo
     )
     assert scale > 1e-4 and layouts <= 1e-5 * total and oracle <= 1e-4 * scale
     assert "moe_aux_loss" in metrics[0] and metrics[0]["moe_aux_loss"] >= 2.0  # top_k: its minimum
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_router_gradient_is_the_same_under_tensor_parallel(tmp_path):
+    """Tensor parallel 2 (sequence parallel on) with 2 micro-batches of the same rows applies the
+    router gradient of 1 rank x 2: torchtitan gathers the sequence before the MoE layer, so each
+    TP rank's router sees its batch's every token and the pooled sums need no TP reduction."""
+    one, _ = _router_grads(tmp_path, "1x2")
+    tp2, metrics = _router_grads(
+        tmp_path, "tp2", "launcher.nproc_per_node=2", "parallel.tensor_parallel_degree=2",
+        "parallel.data_parallel_shard_degree=1",
+    )  # fmt: skip
+    plain, _ = _router_grads(tmp_path, "off", "model.moe_balance=none", "model.moe_aux_loss_coef=null")
+    diff = max((a - b).abs().max().item() for a, b in zip(one, tp2, strict=True))
+    aux = max((a - p).abs().max().item() for a, p in zip(one, plain, strict=True))
+    total = max(g.abs().max().item() for g in one)
+    print(f"router grad 1x2 vs tp2: {diff:.1e} (largest {total:.1e}; aux part {aux:.1e})")
+    assert aux > 1e-3 * total and diff <= 1e-5 * total
+    assert metrics[0]["moe_aux_loss"] >= 2.0

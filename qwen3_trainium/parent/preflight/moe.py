@@ -100,11 +100,6 @@ def _unsupported(run: RunConf) -> list[Problem]:
             "a stage holds only some MoE layers",
         ),
         (
-            "parallel.tensor_parallel_degree",
-            par.tensor_parallel_degree,
-            "routers would see token shards unpooled",
-        ),
-        (
             "parallel.expert_parallel_degree",
             par.expert_parallel_degree,
             "routers would see token shards unpooled",
