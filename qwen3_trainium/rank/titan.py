@@ -14,7 +14,7 @@ from enum import Enum
 
 from qwen3_trainium.config import cpu_device, devices, flavors, runconfig
 from qwen3_trainium.config.schema import ACMode, AttnBackend, ModelPath, RunConf
-from qwen3_trainium.rank import titan_eval
+from qwen3_trainium.rank import expert_load, titan_eval
 from qwen3_trainium.shared.contract import METRICS_NAME, PROBE_NAME, RUN_DIR_ENV
 
 SDPA_OVERRIDE = "qwen3_trainium.models.overrides.attention.document_sdpa"
@@ -246,6 +246,7 @@ def to_trainer_config(run: RunConf, run_dir: str):
     return config_cls(
         **model_parts,
         moe_balance=moe_balance(run),
+        expert_load=expert_load.config(run),
         **evaluation,
         hf_assets_path=run.data.hf_assets_path,
         dump_folder=run_dir,

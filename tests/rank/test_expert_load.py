@@ -230,6 +230,10 @@ def test_a_dense_model_has_no_moe_block(tmp_path):
     assert expert_load.moe_blocks([_build(tmp_path, "model=native", "model.flavor=tiny")]) == []
 
 
-def test_config_reads_tracking_expert_idle_warn_steps():
+def test_config_reads_tracking_expert_idle_warn_steps(tmp_path):
+    """From the run config to the function and to the trainer's config (``rank/titan.py``)."""
+    from qwen3_trainium.rank.titan import to_trainer_config
+
     run = resolve("device=cpu", "tracking.expert_idle_warn_steps=7")
     assert expert_load.config(run) == expert_load.ExpertLoadConfig(idle_warn_steps=7)
+    assert to_trainer_config(run, str(tmp_path)).expert_load.idle_warn_steps == 7
