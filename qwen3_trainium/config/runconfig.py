@@ -102,3 +102,9 @@ def _build(tp, value):
     if tp is float:
         return float(value)
     return value
+
+
+def hf_checkpoint(run: RunConf) -> bool:
+    """The run loads HF weights or exports them."""
+    ckpt = run.checkpoint
+    return ckpt.enable and (ckpt.initial_load_in_hf or ckpt.last_save_in_hf)

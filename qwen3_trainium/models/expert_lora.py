@@ -35,29 +35,18 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torchtitan.models.common.moe import GroupedExperts, RoutedExperts
 
+# re-exported: the names callers know this module by
+from qwen3_trainium.models.expert_lora_parts import (  # noqa: F401
+    ADAPTER_PARAMS,
+    DOWN,
+    GATE_UP,
+    adapter_shapes,
+)
+from qwen3_trainium.models.expert_lora_parts import local as _local
 from qwen3_trainium.models.overrides.blockwise_experts import BlockwiseRoutedExperts, FusedExperts
 from qwen3_trainium.models.overrides.experts import ParamDtypeGroupedExperts
-
-GATE_UP, DOWN = "gate_up", "down"
-ADAPTER_PARAMS = ("lora_a_gate_up", "lora_b_gate_up", "lora_a_down", "lora_b_down")
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def adapter_shapes(num_experts: int, dim: int, width: int, rank: int, parts) -> dict[str, tuple]:
-    """Name -> shape of the adapters of ``parts`` (``gate_up``, ``down``)."""
-    shapes = {}
-    if GATE_UP in parts:
-        shapes.update(lora_a_gate_up=(num_experts, rank, dim), lora_b_gate_up=(num_experts, 2 * width, rank))
-    if DOWN in parts:
-        shapes.update(lora_a_down=(num_experts, rank, width), lora_b_down=(num_experts, dim, rank))
-    return shapes
-
 
 _classes: dict[type, type] = {}
 

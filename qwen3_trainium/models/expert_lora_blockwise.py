@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from qwen3_trainium.models.expert_lora import ADAPTER_PARAMS, _local
+from qwen3_trainium.models.expert_lora_parts import ADAPTER_PARAMS
+from qwen3_trainium.models.expert_lora_parts import local as _local
 from qwen3_trainium.models.overrides.blockwise_experts import BlockwiseRoutedExperts
 
 

@@ -17,8 +17,8 @@ import re
 
 import torch
 
-from qwen3_trainium.models.expert_lora import DOWN, GATE_UP
 from qwen3_trainium.models.expert_lora_blockwise import fused_deltas
+from qwen3_trainium.models.expert_lora_parts import DOWN, EXPERT_TARGETS, GATE_UP
 
 PARAM_NAMES = {GATE_UP: "mlp.experts.gate_up_proj", DOWN: "mlp.experts.down_proj"}
 
@@ -31,8 +31,6 @@ def is_moe(model_config) -> bool:
 
 def moe_targets(model_config) -> list[str]:
     """The HF names that adapt a MoE model's experts (none on a dense model)."""
-    from qwen3_trainium.models.lora import EXPERT_TARGETS
-
     return list(EXPERT_TARGETS) if is_moe(model_config) else []
 
 

@@ -26,6 +26,8 @@ import json
 import os
 import re
 
+from qwen3_trainium.models.expert_lora_parts import EXPERT_TARGETS
+
 HF_TO_TITAN = {
     "q_proj": "wqkv",  # torchtitan's Qwen3 computes q, k and v in one fused Linear (FusedQKVLinear)
     "k_proj": "wqkv",
@@ -36,7 +38,7 @@ HF_TO_TITAN = {
     "down_proj": "w2",
 }
 FUSED_QKV = ("q_proj", "k_proj", "v_proj")  # one adapter on wqkv: targeted together or not at all
-EXPERT_TARGETS = ("gate_proj", "up_proj", "down_proj")
+
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

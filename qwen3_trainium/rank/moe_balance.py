@@ -42,7 +42,7 @@ def mode(run: RunConf, moe: bool) -> Mode:
     """``model.moe_balance`` resolved: auto is aux_loss for HF weights (Transformers' own
     training objective; the HF model has no router bias to keep), bias otherwise (torchtitan's
     default), none on a dense model and for model=hf (Transformers' model as configured)."""
-    from qwen3_trainium.rank.titan import hf_checkpoint
+    from qwen3_trainium.config.runconfig import hf_checkpoint
 
     chosen = run.model.moe_balance
     if not moe or (run.model.path is ModelPath.hf and chosen is Mode.auto):

@@ -164,12 +164,6 @@ def _checkpoint(run: RunConf, spec, run_dir: str):
     return Qwen3CheckpointManager.Config(**kwargs)
 
 
-def hf_checkpoint(run: RunConf) -> bool:
-    """The run loads HF weights or exports them."""
-    ckpt = run.checkpoint
-    return ckpt.enable and (ckpt.initial_load_in_hf or ckpt.last_save_in_hf)
-
-
 def moe_balance(run: RunConf):
     """The balance losses' coefficients (``rank/moe_balance.py``); 0 without a native MoE."""
     from qwen3_trainium.rank.moe_balance import balance_config

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from qwen3_trainium.config import flavors
 from qwen3_trainium.config.choices import MoEBalance as Mode
+from qwen3_trainium.config.runconfig import hf_checkpoint
 from qwen3_trainium.config.schema import ModelPath, RunConf
 from qwen3_trainium.parent.preflight.problem import Problem
 from qwen3_trainium.rank.moe_balance import balance_config, mode
-from qwen3_trainium.rank.titan import hf_checkpoint
 
 OFF = "model.moe_balance=none model.moe_z_loss_coef=0"
 
