@@ -14,7 +14,7 @@ from enum import Enum
 
 from qwen3_trainium.config import cpu_device, devices, flavors, runconfig
 from qwen3_trainium.config.schema import ACMode, AttnBackend, ModelPath, RunConf
-from qwen3_trainium.rank import expert_load, titan_eval
+from qwen3_trainium.rank import titan_eval
 from qwen3_trainium.shared.contract import METRICS_NAME, PROBE_NAME, RUN_DIR_ENV
 
 SDPA_OVERRIDE = "qwen3_trainium.models.overrides.attention.document_sdpa"
@@ -234,6 +234,8 @@ def to_trainer_config(run: RunConf, run_dir: str):
     registers the held-out loaders in torchtitan's dataset registry, the same every time)."""
     from torchtitan.components.optimizer import LRSchedulersContainer
     from torchtitan.config import CompileConfig, DebugConfig, OverrideConfig, ParallelismConfig
+
+    from qwen3_trainium.rank import expert_load
 
     config_cls, model_parts = _model_parts(run)
     dataloader, evaluation = titan_eval.evaluation(run, run_dir)
