@@ -121,6 +121,7 @@ def test_hf_and_native_logits_match_on_the_same_weights(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 37 s: make test stays near 20 minutes; CI runs it with make test-heavy
 def test_step_one_losses_match_between_paths_and_hf_smoke_trains(tmp_path):
     common = ["smoke=on", "tracking=off", "training.mixed_precision_param=float32"]
     hf_dir, native_dir = tmp_path / "hf", tmp_path / "native"

@@ -33,6 +33,7 @@ def test_chat_smoke_trains_and_writes_the_preview(tmp_path):
     assert "chat data: 600 records: 600 samples" in proc.stdout
 
 
+@pytest.mark.heavy  # 45 s: make test stays near 20 minutes; CI runs it with make test-heavy
 def test_packed_and_unpacked_training_give_the_same_step_1_loss(tmp_path):
     """Step 1 packed: one row of k samples; unpacked: the same k samples one per row, as a batch
     of k rows or as k micro-batches of one (gradient accumulation). The loss is the summed loss over
