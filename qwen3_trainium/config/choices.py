@@ -46,6 +46,8 @@ class DataFormat(Enum):
     sharegpt = "sharegpt"  # {"conversations": [{"from", "value"}]}
     prompt_completion = "prompt_completion"  # {"prompt", "completion"}
     alpaca = "alpaca"  # {"instruction", "input"?, "output"}
+    # objective=dpo: TRL's preference records, {prompt?, chosen, rejected} (data/preference/)
+    preference = "preference"
 
 
 class LossOn(Enum):
@@ -147,3 +149,37 @@ WandbMode = _choices("WandbMode", ("auto", "online", "offline", "disabled"))
 class PeftMethod(Enum):
     none = "none"  # full fine-tuning
     lora = "lora"  # torchtitan's LoRAConverter: frozen base, rank-r adapters (models/lora.py)
+
+
+class Objective(Enum):
+    """``objective.kind``: what the run trains the model to do (docs/dpo.md)."""
+
+    sft = "sft"  # next-token cross-entropy on the supervised tokens (every data format)
+    dpo = "dpo"  # direct preference optimisation on chosen/rejected pairs (data.format=preference)
+
+
+class DPOLoss(Enum):
+    """``objective.dpo.loss_type``: TRL 1.16.0's per-pair losses (``trl/trainer/dpo_trainer.py``
+    ``DPOTrainer._compute_loss``). TRL's aot, aot_unpaired and sft depend on the composition of
+    the micro-batch, which packing changes: not offered."""
+
+    sigmoid = "sigmoid"  # the DPO paper: -log sigmoid(beta * delta)
+    hinge = "hinge"  # SLiC: relu(1 - beta * delta)
+    ipo = "ipo"  # IPO: (length-normalised delta - 1 / (2 beta))^2
+    robust = "robust"  # rDPO, with label_smoothing the label noise
+    exo_pair = "exo_pair"  # EXO, label_smoothing > 0
+    bco_pair = "bco_pair"
+    sppo_hard = "sppo_hard"
+    nca_pair = "nca_pair"
+    apo_zero = "apo_zero"
+    apo_down = "apo_down"
+    discopop = "discopop"
+    sigmoid_norm = "sigmoid_norm"
+
+
+class DPOReference(Enum):
+    """``objective.dpo.reference``: where the reference log-probs come from (docs/dpo.md)."""
+
+    auto = "auto"  # adapters_off with peft=lora, else precompute
+    precompute = "precompute"  # one no-grad pass over the data before step 1, stored and reused
+    adapters_off = "adapters_off"  # peft=lora: the same model with its adapters switched off, per step

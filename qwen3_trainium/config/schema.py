@@ -37,6 +37,7 @@ from qwen3_trainium.config.schema_data import (  # noqa: F401  (re-exported: one
     MISSING,
     DataConf,
     EvalConf,
+    ObjectiveConf,
     PeftConf,
 )
 
@@ -258,6 +259,7 @@ class RunConf:
     compile: CompileConf = field(default_factory=CompileConf)
     eval: EvalConf = field(default_factory=EvalConf)
     peft: PeftConf = field(default_factory=PeftConf)
+    objective: ObjectiveConf = field(default_factory=ObjectiveConf)
     memory: MemoryConf = field(default_factory=MemoryConf)
     override: OverrideConf = field(default_factory=OverrideConf)
     dry_run: bool = False

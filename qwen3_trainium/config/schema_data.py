@@ -3,7 +3,16 @@ run trains on and how it is judged. Part of ``schema.py``'s ``RunConf``, which r
 
 from dataclasses import dataclass, field
 
-from qwen3_trainium.config.choices import DataFormat, HistoryThinking, LossOn, Overflow, PeftMethod
+from qwen3_trainium.config.choices import (
+    DataFormat,
+    DPOLoss,
+    DPOReference,
+    HistoryThinking,
+    LossOn,
+    Objective,
+    Overflow,
+    PeftMethod,
+)
 
 MISSING = "???"  # omegaconf.MISSING's value: a required field (ranks import no omegaconf)
 
@@ -73,3 +82,24 @@ class EvalConf:
     long_context_length: int = 0
     long_context_depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     long_context_trials: int = 2  # keys per depth
+
+
+@dataclass
+class DPOConf:
+    """``objective=dpo``: TRL 1.16.0's ``DPOConfig`` names and defaults (``trl/trainer/dpo_config.py``)."""
+
+    beta: float = 0.1
+    loss_type: list[DPOLoss] = field(default_factory=lambda: [DPOLoss.sigmoid])
+    loss_weights: list[float] = field(default_factory=list)  # one per loss_type; empty: all 1.0
+    label_smoothing: float = 0.0  # robust (0 <= e < 0.5) and exo_pair (e > 0) only, as TRL 1.16
+    discopop_tau: float = 0.05
+    reference: DPOReference = DPOReference.auto
+    # The checkpoint the reference log-probs come from (an HF directory); null: the run's initial
+    # weights (checkpoint.initial_load_path), as TRL's ref_model=None.
+    reference_path: str | None = None
+
+
+@dataclass
+class ObjectiveConf:
+    kind: Objective = Objective.sft
+    dpo: DPOConf = field(default_factory=DPOConf)

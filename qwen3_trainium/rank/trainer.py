@@ -37,6 +37,8 @@ from torchtitan.tools.logging import logger
 
 from qwen3_trainium.rank import passkey, samples, stop
 from qwen3_trainium.rank.context_parallel import ContextParallelAttention
+from qwen3_trainium.rank.dpo import DPOObjective
+from qwen3_trainium.rank.dpo_config import DPOSettings
 from qwen3_trainium.rank.expert_load import ExpertLoad, ExpertLoadConfig
 from qwen3_trainium.rank.moe_balance import BalanceConfig, MoEBalance
 from qwen3_trainium.rank.passkey import PasskeyConfig
@@ -176,7 +178,13 @@ def trainer_class(hf: bool) -> type:
         base, base_config = Trainer, Trainer.Config
 
     class StopAtSignalTrainer(
-        SampleAfterTraining, StopAtSignal, ExpertLoad, MoEBalance, ContextParallelAttention, base
+        SampleAfterTraining,
+        StopAtSignal,
+        DPOObjective,
+        ExpertLoad,
+        MoEBalance,
+        ContextParallelAttention,
+        base,
     ):
         @dataclass(kw_only=True, slots=True)
         class Config(base_config):
@@ -188,5 +196,7 @@ def trainer_class(hf: bool) -> type:
             """The router's auxiliary losses (``moe_balance.py``); coefficients 0: none."""
             expert_load: ExpertLoadConfig = field(default_factory=ExpertLoadConfig)
             """Per-expert load figures and idle-expert warnings (``expert_load.py``)."""
+            dpo: DPOSettings = field(default_factory=DPOSettings)
+            """objective=dpo (``dpo.py``); enable False: the trainer's own loss."""
 
     return StopAtSignalTrainer
