@@ -57,6 +57,9 @@ PASSKEY_PREFIX = "passkey/"
 # MoE figures of the trainer's extra sources (rank/moe_balance.py, rank/expert_load.py):
 # "moe/aux_loss" -> "moe_aux_loss", "moe/load_max_over_mean" -> "moe_load_max_over_mean"
 MOE_PREFIX = "moe/"
+# objective=dpo (rank/dpo.py): TRL's names, "rewards/chosen" -> "rewards_chosen", "logps/rejected"
+# -> "logps_rejected"; W&B and TensorBoard receive TRL's names as they are
+DPO_PREFIXES = ("rewards/", "logps/")
 WARN_FRACTION = 0.9
 
 
@@ -66,6 +69,8 @@ def jsonl_key(key: str) -> str | None:
         return "passkey_" + key.removeprefix(PASSKEY_PREFIX)
     if key.startswith(MOE_PREFIX):
         return "moe_" + key.removeprefix(MOE_PREFIX)
+    if key.startswith(DPO_PREFIXES):
+        return key.replace("/", "_", 1)
     return JSONL_KEYS.get(key)
 
 
