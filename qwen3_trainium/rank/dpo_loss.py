@@ -239,3 +239,26 @@ class DPOTokenLoss(BaseLoss):
         if weights is None:
             raise ValueError("DPOTokenLoss needs per-token weights (objective=dpo's step passes them)")
         return self.fn(pred, labels, weights), {}
+
+
+def loss_and_side_weights(
+    policy: torch.Tensor,
+    reference: torch.Tensor,
+    counts: torch.Tensor,
+    valid: torch.Tensor,
+    params: LossParams,
+    loss_types: list[str],
+    loss_weights: list[float],
+    global_pairs: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The micro-batch's share of the step's DPO loss, ``sum of its pairs' losses / global_pairs``,
+    and ``-dL/d(policy)``: [B, 2P] side tensors (chosen at 2j, rejected at 2j + 1), ``valid``
+    [B, P]. The weights are the second pass's per-token weights: the gradient of
+    ``-sum_t w_t log p_t`` is then exactly ``dL/dtheta``, since L depends on theta only through the
+    side sums. The gradient is taken on a detached copy: nothing flows into the model here."""
+    leaf = policy.detach().requires_grad_()
+    with torch.enable_grad():
+        losses = pair_losses(PairSums.from_sides(leaf, reference, counts), params, loss_types, loss_weights)
+        loss = masked_loss_sum(losses, valid) / global_pairs
+        (grad,) = torch.autograd.grad(loss, leaf)
+    return loss.detach(), -grad
