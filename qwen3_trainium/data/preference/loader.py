@@ -1,0 +1,123 @@
+"""torchtitan's dataloader seam for preference pairs (rank side), as ``data/chat/loader.py`` is
+for chat: ``PreferenceRows`` is the dataset, ``PreferenceDataLoader`` the
+``ParallelAwareDataloader`` torchtitan builds from ``Trainer.Config.dataloader`` and
+``Validator.Config.dataloader``, and ``pair_rows`` the one finite pass over a rank's share of a
+split's records that the reference pre-pass (``rank/dpo_reference.py``) scores.
+
+A row is the contract's (``data/preference/__init__.py``): ``({"input", "positions",
+MASK_KEY (training rows only), SEGMENT_KEY, PAIR_KEY}, labels)``; the trainer takes the extra keys
+out of the batch before the model (``rank/dpo.py``, ``rank/moe_balance.py``). The data state
+(the stream's ``state_dict``, with the data's identity) goes into each checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset
+from torchtitan.components.dataloader import ParallelAwareDataloader
+
+from qwen3_trainium.config import runconfig
+from qwen3_trainium.data.chat.loader import MASK_KEY
+from qwen3_trainium.data.preference import PAIR_KEY, SEGMENT_KEY, source
+from qwen3_trainium.data.preference.stream import PairRow, PairStream
+
+
+def tensors(row: PairRow, masked: bool) -> tuple[dict, torch.Tensor]:
+    """A row as the loader yields it (before batching): ``(input_dict, labels)``, int64."""
+    batch = {
+        "input": torch.tensor(row.input_ids),
+        "positions": torch.tensor(row.positions),
+        SEGMENT_KEY: torch.tensor(row.segment, dtype=torch.int64),
+        PAIR_KEY: torch.tensor(row.pairs, dtype=torch.int64),
+    }
+    if masked:  # the MoE balance mask: every position that is not padding (chat's rule)
+        batch[MASK_KEY] = torch.arange(len(row.input_ids)) < row.real
+    return batch, torch.tensor(row.labels)
+
+
+class PreferenceRows(IterableDataset, Stateful):
+    def __init__(self, run, split: str, *, dp_rank: int, dp_world_size: int, infinite: bool) -> None:
+        self._stream = source.stream(run, split, rank=dp_rank, world=dp_world_size, infinite=infinite)
+        self._masked = split == "train"
+
+    def __iter__(self):
+        while (row := self._stream.next_row()) is not None:
+            yield tensors(row, self._masked)
+
+    def state_dict(self) -> dict:
+        return self._stream.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._stream.load_state_dict(state_dict)
+
+
+def _collate(items: list[tuple[dict, torch.Tensor]]) -> tuple[dict, torch.Tensor]:
+    return {k: torch.stack([x[k] for x, _ in items]) for k in items[0][0]}, torch.stack([y for _, y in items])
+
+
+def pair_rows(
+    run, split: str = "train", rank: int = 0, world: int = 1
+) -> Iterator[tuple[dict, torch.Tensor]]:
+    """Rank ``rank`` of ``world``'s share of every record of ``split``, each read once in epoch
+    0's order, packed as training rows and batched ``training.local_batch_size`` rows at a time
+    as the training loader yields them; the last batch is filled up with padding rows (no
+    labels, ``PAIR_KEY`` -1). Records that give no pair (dropped, skipped) are in no row."""
+    s: PairStream = source.stream(run, split, rank=rank, world=world, infinite=False)
+    s.pad_when_spent = False  # one pass, whatever the split
+    size, masked = run.training.local_batch_size, split == "train"
+    batch: list = []
+    while (row := s.next_row()) is not None:
+        batch.append(tensors(row, masked))
+        if len(batch) == size:
+            yield _collate(batch)
+            batch = []
+    if batch:
+        batch += [tensors(s.padding_row(), masked) for _ in range(size - len(batch))]
+        yield _collate(batch)
+
+
+class PreferenceDataLoader(ParallelAwareDataloader):
+    @dataclass(kw_only=True, slots=True)
+    class Config(ParallelAwareDataloader.Config):
+        config_path: str = ""
+        """The run's resolved.yaml: the data section and seq_len are read from it."""
+
+        split: str = "train"
+        """train, or validation (eval=on's held-out records)."""
+
+        infinite: bool = True
+        """train: loop over epochs. validation: torchtitan's Validator sets it whenever eval.steps is
+        set; the held-out share is then read once and padded (``data/chat/stream.py``)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer,
+        seq_len: int,
+        local_batch_size: int,
+        snapshot_every_n_steps: int | None = 1,
+        **kwargs,
+    ) -> None:
+        run = runconfig.load(config.config_path)
+        run.training.seq_len = seq_len
+        rows = PreferenceRows(
+            run, config.split, dp_rank=dp_rank, dp_world_size=dp_world_size, infinite=config.infinite
+        )
+        super().__init__(
+            rows,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            num_workers=config.num_workers,
+            persistent_workers=config.persistent_workers,
+            pin_memory=config.pin_memory,
+            prefetch_factor=config.prefetch_factor,
+            snapshot_every_n_steps=snapshot_every_n_steps,
+            batch_size=local_batch_size,
+        )
