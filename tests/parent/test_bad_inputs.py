@@ -133,9 +133,24 @@ OUT_OF_RANGE = {
     "peft.alpha": ["0", "-16"],
 }
 
+# objective=dpo's values (parent/preflight/dpo.py), each on objective=dpo.
+DPO_BAD = {
+    "objective.dpo.beta": ["0", "-0.1"],
+    "objective.dpo.loss_type": ["[]", "[ipo,ipo]"],
+    "objective.dpo.loss_weights": ["[1.0,2.0]", "[-1.0]"],
+    "objective.dpo.label_smoothing": ["0.1", "-0.5"],  # sigmoid ignores it in TRL 1.16.0
+    "objective.dpo.discopop_tau": ["0"],
+    "objective.dpo.reference": ["adapters_off"],  # without peft=lora
+    "objective.dpo.reference_path": ["/nonexistent/reference"],
+    "parallel.pipeline_parallel_degree": ["2"],
+}
+
 
 def explicit_cases(data: dict[str, Path]) -> list[Case]:
     cases = [Case("range", (f"{key}={v}",), key) for key, values in OUT_OF_RANGE.items() for v in values]
+    cases += [
+        Case("dpo", ("objective=dpo", f"{key}={v}"), key) for key, values in DPO_BAD.items() for v in values
+    ]
     cases += [
         # out of range against the instance: 64 logical cores at LNC=2, 128 at LNC=1
         Case("range", ("device=neuron", "launcher.nproc_per_node=65"), "launcher.nproc_per_node"),
@@ -206,6 +221,11 @@ def explicit_cases(data: dict[str, Path]) -> list[Case]:
         Case("key", ("+model.flavour=tiny",), "model.flavour"),
         Case("key", ("+foo=1",), "foo"),
         Case("key", ("training.stepz=3",), "training.stepz"),  # without +: Hydra's own refusal
+        # objective=dpo: the data, the objective and the paths come together
+        Case("dpo", ("objective=dpo", "data=chat"), "data.format"),
+        Case("dpo", ("data=preference",), "objective"),
+        Case("dpo", ("objective=dpo", "model=hf"), "model"),
+        Case("dpo", ("objective.dpo.beta=0.5",), "objective.dpo.beta"),  # objective=sft reads no dpo key
         # data faults
         Case("data", ("data=local", f"data.dataset_path={data['empty']}"), "data.dataset_path"),
         Case("data", ("data=local", f"data.dataset_path={data['binary']}"), "data.dataset_path"),
