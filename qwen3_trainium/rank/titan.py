@@ -14,7 +14,7 @@ from enum import Enum
 
 from qwen3_trainium.config import cpu_device, devices, flavors, runconfig
 from qwen3_trainium.config.schema import ACMode, AttnBackend, ModelPath, RunConf
-from qwen3_trainium.rank import titan_eval
+from qwen3_trainium.rank import dpo_config, titan_eval
 from qwen3_trainium.shared.contract import METRICS_NAME, PROBE_NAME, RUN_DIR_ENV
 
 SDPA_OVERRIDE = "qwen3_trainium.models.overrides.attention.document_sdpa"
@@ -215,10 +215,13 @@ def _model_parts(run: RunConf) -> tuple[type, dict]:
             from qwen3_trainium.models.overrides.blockwise_experts import FusedExpertsStateDictAdapter
 
             spec.state_dict_adapter = FusedExpertsStateDictAdapter
-        loss = ChunkedLossWrapper.Config(
-            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec))
-        )
-        parts = {"model_spec": spec, "loss": loss}
+        if dpo_config.settings(run).enable:  # per-token weights from the DPO step (rank/dpo.py)
+            from qwen3_trainium.rank.dpo_loss import DPOTokenLoss
+
+            inner = DPOTokenLoss.Config()
+        else:
+            inner = CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec))
+        parts = {"model_spec": spec, "loss": ChunkedLossWrapper.Config(loss_fn=inner)}
         config_cls = trainer.trainer_class(hf=False).Config
     if run.peft.method.value == "lora":  # native, nki_moe (pre-flight refuses model=hf)
         from qwen3_trainium.models import lora
@@ -243,6 +246,7 @@ def to_trainer_config(run: RunConf, run_dir: str):
         **model_parts,
         moe_balance=moe_balance(run),
         expert_load=expert_load.config(run),
+        dpo=dpo_config.settings(run, runconfig.rank_config_path(run_dir)),
         **evaluation,
         hf_assets_path=run.data.hf_assets_path,
         dump_folder=run_dir,
