@@ -205,7 +205,7 @@ def pre_pass(trainer, run, split: str, group) -> ReferenceTable:
     with rows.eval_mode(trainer.model_parts), torch.no_grad():
         for input_dict, labels in rows.lockstep(rows.batches(trainer, run, split, rank, world), group, empty):
             pairs = input_dict[PAIR_KEY]
-            sums = trainer.dpo_side_sums(rows.on_device(input_dict), labels.to(rows.device()))
+            sums = trainer.dpo_side_sums(input_dict, labels)  # it moves them to its device
             found.append(rows.entries(pairs, sums))
     return _table(rows.gather(found, group), rows.records(run, split), run.training.seq_len)
 

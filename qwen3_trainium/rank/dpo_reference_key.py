@@ -27,8 +27,8 @@ random weights says nothing about preferences.
 
 Where: ``<dataset dir>/.ref_logps/<key>.safetensors`` when the dataset is a writable local path
 (hidden: the record readers skip hidden files and folders, ``data/chat/records.py``
-``data_files``), else ``$XDG_CACHE_HOME/qwen3-trainium/ref_logps/`` (``~/.cache`` by default; a
-Hub dataset's snapshot is never written into).
+``data_files``), else ``$XDG_CACHE_HOME/qwen3-trainium/ref_logps/`` (``~/.cache`` by default): a
+Hub dataset's snapshot and the corpora shipped inside the package are never written into.
 """
 
 from __future__ import annotations
@@ -140,9 +140,13 @@ def cache_dir(environ=os.environ) -> str:
 
 def table_dir(run, environ=os.environ) -> str:
     """``<dataset dir>/.ref_logps`` when the dataset is a writable local path, else the cache."""
-    path = run.data.dataset_path
-    if os.path.exists(path):  # else a Hub id: its snapshot belongs to the Hub cache
-        folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    from qwen3_trainium.config.runconfig import ASSETS_DIR
+
+    path = os.path.abspath(run.data.dataset_path)
+    # a Hub id's snapshot belongs to the Hub cache, a shipped corpus to the installed package
+    local = os.path.exists(path) and not path.startswith(str(ASSETS_DIR) + os.sep)
+    if local:
+        folder = path if os.path.isdir(path) else os.path.dirname(path)
         if os.access(folder, os.W_OK):
             return os.path.join(folder, SUBDIR)
     return cache_dir(environ)

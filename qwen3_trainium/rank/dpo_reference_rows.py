@@ -21,16 +21,6 @@ from qwen3_trainium.data.preference import PAIR_KEY, SEGMENT_KEY, max_pairs
 IGNORE = -100  # torchtitan's IGNORE_INDEX (components/loss.py)
 
 
-def device() -> str:
-    from torchtitan.tools import utils
-
-    return utils.device_type
-
-
-def on_device(input_dict: dict) -> dict:
-    return {k: v.to(device()) for k, v in input_dict.items()}
-
-
 def batch_rank(trainer) -> tuple[int, int]:
     """(rank, world) on the batch mesh: which share of the records this rank reads, as the
     trainer's dataloader (``torchtitan/trainer.py``: ``batch_mesh.get_local_rank()``)."""
@@ -55,9 +45,9 @@ def eval_mode(model_parts: list):
 
 
 def batches(trainer, run, split: str, rank: int, world: int) -> Iterable:
-    from qwen3_trainium.data.preference import source
+    from qwen3_trainium.data.preference.loader import pair_rows
 
-    return source.pair_rows(run, split, rank, world)
+    return pair_rows(run, split, rank, world)
 
 
 def records(run, split: str) -> int:

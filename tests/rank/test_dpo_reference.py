@@ -198,3 +198,109 @@ def test_a_resume_without_its_table_is_refused_with_the_path_and_the_fix(tmp_pat
     table.present[:] = True  # every record scored: the same resume goes on
     table.save(path)
     assert torch.equal(ref.prepare(trainer, "train").chosen, table.chosen)
+
+
+def _completion_sum(tok, record: dict, side: str) -> float:
+    """The Transformers oracle: TRL 1.16.0's completion of ``side`` (the full render's ids past
+    their common prefix with the generation prompt's, ``DPOTrainer._prepare_dataset``), summed."""
+    prompt = tok.apply_chat_template(record["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"]
+    full = tok.apply_chat_template(record["prompt"] + record[side], tokenize=True)["input_ids"]
+    k = next((i for i, (a, b) in enumerate(zip(prompt, full, strict=False)) if a != b), len(prompt))
+    return float(sum(full[k:]))
+
+
+class _PrePassTrainer(_Trainer):
+    """A trainer whose "log-prob" of a completion token is its id: a side's sum is the sum of
+    its completion's ids, which the oracle above computes from the records alone."""
+
+    def __init__(self, config_path: str, run, step: int = 0):
+        from types import SimpleNamespace
+
+        super().__init__(config_path, step, run.training.seq_len)
+        self.config.dpo.reference_path = ""
+        self.config.training.local_batch_size = run.training.local_batch_size
+        self.model_parts = [torch.nn.Linear(1, 1)]
+        self.parallel_dims = SimpleNamespace(dp_enabled=False)
+        self.calls = 0
+
+    def dpo_side_sums(self, input_dict, labels):
+        from qwen3_trainium.data.preference import PAIR_KEY, SEGMENT_KEY
+
+        assert not self.model_parts[0].training and not torch.is_grad_enabled()
+        self.calls += 1
+        segment = input_dict[SEGMENT_KEY]
+        out = torch.zeros(segment.shape[0], 2 * input_dict[PAIR_KEY].shape[1])
+        for b, t in zip(*torch.nonzero(segment >= 0, as_tuple=True), strict=True):
+            out[b, segment[b, t]] += float(labels[b, t])
+        return out
+
+
+def test_the_pre_pass_scores_every_pair_once_and_a_second_start_reuses_it(tmp_path, caplog):
+    from transformers import AutoTokenizer
+
+    data = _dataset(tmp_path / "data", n=12, first="A very long answer. " * 40)  # record 0: too long
+    run = _run(data, "training.seq_len=128", "training.local_batch_size=2")
+    trainer = _PrePassTrainer(_saved(run, tmp_path / "run"), run)
+    table = ref.prepare(trainer, "train")
+    assert trainer.model_parts[0].training  # the mode it had
+    assert trainer.calls >= 2  # several batches of packed rows
+    tok = AutoTokenizer.from_pretrained(run.data.hf_assets_path)
+    records = [json.loads(line) for line in (data / "pairs.jsonl").read_text().splitlines()]
+    assert table.present.tolist() == [False] + [True] * 11  # dropped: longer than seq_len
+    for i in range(1, 12):
+        assert table.chosen[i].item() == _completion_sum(tok, records[i], "chosen"), i
+        assert table.rejected[i].item() == _completion_sum(tok, records[i], "rejected"), i
+    path = refkey.table_path(run, "train")
+    assert torch.equal(ref.ReferenceTable.load(path).rejected, table.rejected)
+
+    again = _PrePassTrainer(trainer.config.dpo.config_path, run)
+    with caplog.at_level("INFO"):
+        reused = ref.prepare(again, "train")
+    assert again.calls == 0 and f"reference log-probs: reused {path}" in caplog.text
+    assert torch.equal(reused.chosen, table.chosen)
+
+
+def _rank(rank: int, port: int, folder: str, out: dict) -> None:
+    """One of two gloo ranks: the pre-pass over 7 pairs (4 rows and 3: one rank pads once)
+    and over 1 pair (the other rank has no row at all)."""
+    import pathlib
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    mesh = SimpleNamespace(get_local_rank=lambda: rank, size=lambda: 2)
+    for name, n in (("seven", 7), ("one", 1)):
+        run = _run(
+            _dataset(pathlib.Path(folder) / name, n=n), "training.seq_len=96", "training.local_batch_size=1"
+        )
+        trainer = _PrePassTrainer(os.path.join(folder, f"{name}.yaml"), run)
+        trainer.parallel_dims = SimpleNamespace(dp_enabled=True, get_mesh=lambda _: mesh)
+        table = ref.prepare(trainer, "train")
+        out[(name, rank)] = (trainer.calls, table.chosen.tolist(), table.present.tolist())
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two spawned processes importing torch: ~20 s on 2 cores
+def test_two_ranks_run_as_many_forwards_and_both_hold_the_whole_table(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+    from transformers import AutoTokenizer
+
+    for name, n in (("seven", 7), ("one", 1)):
+        run = _run(_dataset(tmp_path / name, n=n), "training.seq_len=96", "training.local_batch_size=1")
+        os.replace(_saved(run, tmp_path / f"{name}-run"), tmp_path / f"{name}.yaml")  # the ranks' config
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.start_processes(_rank, args=(port, str(tmp_path), out), nprocs=2, start_method="spawn")
+        out = dict(out)
+    tok = AutoTokenizer.from_pretrained(run.data.hf_assets_path)
+    for name, n, forwards in (("seven", 7, 4), ("one", 1, 1)):
+        records = [json.loads(line) for line in (tmp_path / name / "pairs.jsonl").read_text().splitlines()]
+        want = [_completion_sum(tok, r, "chosen") for r in records]
+        assert out[(name, 0)] == out[(name, 1)] == (forwards, want, [True] * n), name
