@@ -134,8 +134,9 @@ def max_length(chosen: int, rejected: int, seq_len: int) -> int:
     """The largest per-side token cap ``m`` (TRL's ``max_length``) with which the pair fits:
     ``min(chosen, m) - 1 + min(rejected, m) - 1 <= seq_len``."""
     shorter = min(chosen, rejected)
-    even = (seq_len + 2) // 2  # both sides cut to the same length
-    return even if even <= shorter else seq_len + 2 - shorter
+    if 2 * shorter - 2 <= seq_len:  # the shorter side whole, the longer one gets the rest
+        return seq_len + 2 - shorter
+    return (seq_len + 2) // 2  # both sides cut to the same length
 
 
 def fit(docs: PairDocs, seq_len: int, overflow: str) -> PairDocs | None:
