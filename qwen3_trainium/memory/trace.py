@@ -5,8 +5,8 @@ the planned world on torchtitan's own fake process group (``comm.mode=fake_backe
 ``fake`` backend: every collective returns at once, any world size on one CPU). It builds the
 model as a rank does (``ParallelDims``, ``update_from_config``, ``override.imports``, the model
 spec's ``parallelize_fn``, ``init_weights``, the optimizer), then runs two steps (forward,
-backward, clip, AdamW) through torchtitan's own ``Trainer._forward_backward_body`` under
-``FakeTensorMode``: shapes, dtypes and storage sizes are real, no byte is allocated and nothing
+backward, clip, AdamW) through torchtitan's own ``Trainer._forward_backward_body`` (objective=dpo:
+the DPO trainer's, ``dpo_trace.py``) under ``FakeTensorMode``: shapes, dtypes and storage sizes are real, no byte is allocated and nothing
 touches a device. torch's ``MemTracker`` records the peak by kind of tensor (the second step
 holds AdamW's states); the second step also runs under the roofline (``roofline.py``).
 
@@ -103,17 +103,30 @@ class _Rank:
         self._cp_documents = cp_documents
         post = Trainer.post_dataloading_process.__get__(self)
         self._post = ContextParallelAttention._masked(self, post)
-        self._body = Trainer._forward_backward_body.__get__(self)
 
-    def batch(self, fake_mode):
-        """A batch of the planned shape: one document per row, as the dataloader packs it."""
+    def post_dataloading_process(self, input_dict, labels):
+        return self._post(input_dict, labels)
+
+    def _forward_backward_body(self, inputs, labels, global_valid_tokens, extra_kwargs):
+        """torchtitan's; a subclass runs its trainer's own (``dpo_trace.DPORank``: rank/dpo.py's)."""
+        from torchtitan.trainer import Trainer
+
+        return Trainer._forward_backward_body(self, inputs, labels, global_valid_tokens, extra_kwargs)
+
+    def rows(self):
+        """(input_dict, labels) of the planned shape: one document per row, as the dataloader packs it."""
         import torch
-        from torch.utils._pytree import tree_map_only
 
         train = self.config.training
         tokens = torch.zeros(train.local_batch_size, train.seq_len, dtype=torch.long)
         positions = torch.arange(train.seq_len).repeat(train.local_batch_size, 1)
-        inputs, labels, extra = self._post({"input": tokens, "positions": positions}, tokens.clone())
+        return {"input": tokens, "positions": positions}, tokens.clone()
+
+    def batch(self, fake_mode):
+        import torch
+        from torch.utils._pytree import tree_map_only
+
+        inputs, labels, extra = self.post_dataloading_process(*self.rows())
         return tree_map_only(torch.Tensor, fake_mode.from_tensor, (inputs, labels, extra))
 
     def step(self, optimizers, batch) -> None:
@@ -122,7 +135,7 @@ class _Rank:
 
         inputs, labels, extra = batch
         optimizers.zero_grad()
-        self._body(inputs, labels, torch.tensor(labels.numel()), extra)
+        self._forward_backward_body(inputs, labels, torch.tensor(labels.numel()), extra)
         params = [p for m in self.model_parts for p in m.parameters()]
         dist_utils.clip_grad_norm_(
             params,
@@ -183,7 +196,10 @@ def trace(run, run_dir: str, ceilings=None) -> Trace:
     cp_documents = use_context_parallel_attention(config)  # as the trainer does, before building
     parallel_dims, model_config, model, flops_per_token = _build(config, world)
     loss_fn = config.loss.build(compile_config=config.compile)
-    rank = _Rank(config, parallel_dims, model_config, model, loss_fn, cp_documents)
+    rank_class = _Rank
+    if config.dpo.enable:  # the DPO trainer's step (rank/dpo.py)
+        from qwen3_trainium.memory.dpo_trace import DPORank as rank_class
+    rank = rank_class(config, parallel_dims, model_config, model, loss_fn, cp_documents)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     batch = rank.batch(fake_mode)  # masks from real positions (nonzero has no fake shape)
     with fake_mode, flash.device_attention(run.device.type.value):  # the device's kernel (flash.py)

@@ -113,3 +113,33 @@ def test_reference_path_to_an_hf_directory_passes(tmp_path):
     ]  # a config.json alone: no weights
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert _keys(*DPO, f"objective.dpo.reference_path={tmp_path}") == []
+
+
+def _pairs_file(tmp_path, records: list[dict]):
+    import json
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+PAIR = {"prompt": "What is 2 plus 3?", "chosen": "5.", "rejected": "6."}
+
+
+def test_the_dry_run_counts_the_pairs_of_preference_records(tmp_path):
+    """The full tier reads the pairs with data/preference's source (chat's would refuse them)."""
+    from qwen3_trainium.parent.preflight import chat
+
+    path = _pairs_file(tmp_path, [PAIR, {"chosen": "Hi there", "rejected": "Hi you"}, PAIR])
+    notes: list[str] = []
+    assert chat.check_chat(resolve(*DPO, f"data.dataset_path={path}"), notes) == []
+    assert notes[0].startswith("preference data: 3 records: 3 pairs, "), notes
+
+
+def test_a_bad_preference_record_is_refused_with_its_file_and_line(tmp_path):
+    from qwen3_trainium.parent.preflight import chat
+
+    path = _pairs_file(tmp_path, [PAIR, {"prompt": "p", "chosen": "same"}])
+    problems = chat.check_chat(resolve(*DPO, f"data.dataset_path={path}"), [])
+    assert [(p.key, p.value) for p in problems] == [("data.dataset_path", f"{path}:2")]
+    assert "chosen and rejected" in problems[0].fix

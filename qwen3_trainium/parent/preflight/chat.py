@@ -15,7 +15,7 @@ from qwen3_trainium.data.shares import ranks
 from qwen3_trainium.parent.preflight.problem import Problem
 from qwen3_trainium.parent.preflight.shares import dp_ranks, heldout_notes, rows_per_validation, unfed_ranks
 
-__all__ = ["check_attention_masks", "check_chat", "check_chat_static", "dp_ranks", "is_chat"]
+__all__ = ["check_attention_masks", "check_chat", "check_chat_static", "data_source", "dp_ranks", "is_chat"]
 
 DATA_FIX = "data.dataset_path=<a .jsonl/.json/.parquet file or directory of chat records, or a cached Hub dataset id>"
 FORMAT_FIX = (
@@ -24,8 +24,28 @@ FORMAT_FIX = (
 )
 
 
+PAIRS_FIX = (
+    "records need chosen and rejected (TRL's preference format), with or without prompt, each a string"
+    " or a list of messages"
+)
+
+
 def is_chat(run: RunConf) -> bool:
     return run.data.format.value != "text"
+
+
+def is_preference(run: RunConf) -> bool:
+    return run.data.format.value == "preference"
+
+
+def data_source(run: RunConf):
+    """The module that reads the run's records, counts them and writes data.preview: chat's
+    (``data/chat/source.py``), or for objective=dpo's pairs ``data/preference/source.py``."""
+    if is_preference(run):
+        from qwen3_trainium.data.preference import source
+    else:
+        from qwen3_trainium.data.chat import source
+    return source
 
 
 def check_attention_masks(run: RunConf) -> list[Problem]:
@@ -117,8 +137,9 @@ def check_chat(run: RunConf, notes: list[str]) -> list[Problem]:
     each data-parallel rank is handed (``preflight/shares.py``), go to the notes the dry run prints."""
     if not is_chat(run):
         return []
-    from qwen3_trainium.data.chat import records, source
+    from qwen3_trainium.data.chat import records
 
+    source = data_source(run)
     try:
         tok = source.tokenizer(run)
         eot = tok.end_of_turn
@@ -132,11 +153,12 @@ def check_chat(run: RunConf, notes: list[str]) -> list[Problem]:
             summary = source.summarise(run, split, world=dp_ranks(run), limit=limit)
         except records.RecordError as e:
             key = "data.validation_path" if held_out and run.data.validation_path else "data.dataset_path"
-            return [Problem(key, e.where, e.what, e.fix or FORMAT_FIX)]
-        label = "chat data, held out" if held_out else "chat data"
+            return [Problem(key, e.where, e.what, e.fix or (PAIRS_FIX if is_preference(run) else FORMAT_FIX))]
+        kind = "preference data" if is_preference(run) else "chat data"
+        label = f"{kind}, held out" if held_out else kind
         notes.extend(f"{label}: {line}" for line in summary.lines())
         if not held_out:
-            notes.append(f"chat data: template {tok.template_source}; end of turn {eot}")
+            notes.append(f"{kind}: template {tok.template_source}; end of turn {eot}")
         problems += _split_problems(run, summary, split, label, notes)
     return problems
 
@@ -153,11 +175,14 @@ def _split_problems(run: RunConf, summary, split: str, label: str, notes: list[s
     counts, shares = summary.counts, summary.shares
     if counts.samples == 0:
         skipped = "; ".join(f"{n} {r}" for r, n in sorted(counts.skipped.items())) or "none"
+        unit = "pair" if is_preference(run) else "sample"
         what = (
-            f"no trainable sample in the {split} records ({counts.records} read; {counts.dropped} longer than"
+            f"no trainable {unit} in the {split} records ({counts.records} read; {counts.dropped} longer than"
             f" seq_len {run.training.seq_len}; skipped: {skipped})"
         )
-        fix = "data.overflow=truncate or a larger training.seq_len, or data.loss_on=<assistant|all>"
+        fix = "data.overflow=truncate or a larger training.seq_len" + (
+            "" if is_preference(run) else ", or data.loss_on=<assistant|all>"
+        )
         return [Problem("data.dataset_path", run.data.dataset_path, what, fix)]
     if split == "validation":  # eval.steps -1 (one rank): the whole split, then it stops
         notes.extend(heldout_notes(shares, run, label) if run.eval.steps > 0 else [shares.line(label)])
