@@ -279,6 +279,7 @@ def _rank(rank: int, port: int, folder: str, out: dict) -> None:
         trainer.parallel_dims = SimpleNamespace(dp_enabled=True, get_mesh=lambda _: mesh)
         table = ref.prepare(trainer, "train")
         out[(name, rank)] = (trainer.calls, table.chosen.tolist(), table.present.tolist())
+    dist.barrier()  # neither rank tears its group down while the other may still use it
     dist.destroy_process_group()
 
 
