@@ -14,7 +14,9 @@ the base with adapters disabled; ours switches the adapters off, no copy) and a 
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,7 +29,7 @@ from qwen3_trainium.config.choices import DPOLoss
 from qwen3_trainium.data import assets
 from qwen3_trainium.data.preference import PAIR_KEY, SEGMENT_KEY
 from qwen3_trainium.models import lora
-from qwen3_trainium.rank import dpo, dpo_logps
+from qwen3_trainium.rank import dpo, dpo_logps, dpo_reference
 from qwen3_trainium.rank.dpo_config import DPOSettings
 from qwen3_trainium.rank.dpo_loss import DPOTokenLoss, metric_means
 from qwen3_trainium.rank.titan import to_trainer_config
@@ -107,16 +109,35 @@ def dense(tmp_path_factory):
     tr = dpo_trl.trainer(policy, ref, tiny, tmp / "trl")
     row = dpo_trl.packed_row(tr, pad_id=0)
     seq_len = row["input"].shape[1]
-    model, loss_fn, _ = _titan(_state(policy), seq_len, tmp)
+    model, loss_fn, sd_adapter = _titan(_state(policy), seq_len, tmp)
     ref_model, ref_loss_fn, _ = _titan(_state(ref), seq_len, tmp)
-    return tr, model, loss_fn, row, _reference(ref_model, ref_loss_fn, row)
+    return tr, model, loss_fn, row, _reference(ref_model, ref_loss_fn, row), sd_adapter
+
+
+def _hf_grads(model, sd_adapter) -> dict[str, torch.Tensor]:
+    """Our gradients under Transformers' parameter names (the state dict adapter's mapping, with
+    the fused wqkv split as a checkpoint is)."""
+    weights = {name: p.data for name, p in model.named_parameters()}
+    try:
+        for p in model.parameters():
+            p.data = p.grad
+        grads = {k: v.clone() for k, v in model.state_dict().items()}
+    finally:
+        for name, p in model.named_parameters():
+            p.data = weights[name]
+    return sd_adapter.to_hf(grads)
 
 
 @pytest.mark.parametrize("kind", [kind.value for kind in DPOLoss])
 def test_step_one_equals_trl_for_every_loss_type(dense, kind):
-    tr, model, loss_fn, row, reference = dense
+    """... and every parameter's gradient, element by element, within 1e-4 of its largest
+    (4e-6 measured: the sign and the direction, which the norm alone would not check)."""
+    tr, model, loss_fn, row, reference, sd_adapter = dense
     dpo_trl.configure(tr, kind)
     _assert_same(_ours(model, loss_fn, row, reference, kind), dpo_trl.step(tr), kind)
+    ours = _hf_grads(model, sd_adapter)
+    for name, p in tr.model.named_parameters():
+        assert (ours[name] - p.grad).abs().max() <= 1e-4 * p.grad.abs().max(), name
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +221,84 @@ def moe(tmp_path_factory):
     return tr, model, loss_fn, row, _reference(ref_model, ref_loss_fn, row)
 
 
+@pytest.mark.heavy  # ~20 s: the MoE model's build and float32 experts on CPU
 def test_moe_step_one_equals_trl_without_its_router_loss(moe):
     tr, model, loss_fn, row, reference = moe
     dpo_trl.configure(tr, "sigmoid")
     _assert_same(_ours(model, loss_fn, row, reference, "sigmoid"), dpo_trl.step(tr), "moe sigmoid")
+
+
+class _Table:
+    """A precomputed reference (rank/dpo_reference.py's ReferenceTable.lookup contract), filled
+    from one row's reference side sums: pair k's at 2k, 2k + 1."""
+
+    def __init__(self, sums: torch.Tensor):
+        self.sums = sums[0].reshape(-1, 2)
+
+    def lookup(self, pairs: torch.Tensor) -> torch.Tensor:
+        found = self.sums[pairs.clamp(min=0)]  # [B, P, 2]
+        return torch.where((pairs >= 0)[..., None], found, torch.zeros_like(found)).flatten(1)
+
+
+class _Loop:
+    """torchtitan's Trainer as the mixin sees it (``torchtitan/trainer.py``): ``train_step`` reads
+    the step's micro-batches, and runs ``post_dataloading_process`` (the model's keyword inputs)
+    and ``_forward_backward_body`` for each; its loss is the sum of what the body returns."""
+
+    gradient_accumulation_steps, num_pipeline_parallel_microbatches, ntokens_seen = 2, 1, 0
+    device = torch.device("cpu")
+    parallel_dims = SimpleNamespace(cp_enabled=False, tp_enabled=False, pp_enabled=False, dp_enabled=False)
+
+    def __init__(self, config, model, loss_fn):
+        self.config, self.model_parts, self.loss_fn = config, [model], loss_fn
+        self.metrics_processor = SimpleNamespace(extra_sources=[])
+        self.train_context = contextlib.nullcontext
+
+    def should_continue_training(self) -> bool:
+        return True
+
+    def train_step(self, data_iterator):
+        total = 0.0
+        for _ in range(self.gradient_accumulation_steps):
+            input_dict, labels = next(data_iterator)
+            inputs, labels, extra = self.post_dataloading_process(input_dict, labels)
+            total += self._forward_backward_body(inputs, labels, None, extra).item()
+        return total
+
+    def post_dataloading_process(self, input_dict, labels):
+        extra = {k: v for k, v in input_dict.items() if k != "input"}  # all of them go to the model
+        extra["attention_masks"] = self.model_parts[0].get_attention_masks(extra["positions"])
+        return input_dict["input"], labels, extra
+
+    def _forward_backward_body(self, inputs, labels, global_valid_tokens, extra_kwargs):
+        raise AssertionError("objective=dpo runs its own body")
+
+
+class _Trainer(dpo.DPOObjective, _Loop):
+    pass
+
+
+def test_the_trainer_step_over_two_micro_batches_is_the_one_row_step(dense, monkeypatch):
+    """The mixin's step with a precomputed reference: the pairs split over two micro-batches
+    (2 + 1) give the loss (the mean over the step's pairs), metrics and gradient of one row with
+    all three, which equal TRL's (above); the table is prepared once, at the first boundary."""
+    tr, model, loss_fn, row, reference, _ = dense
+    loss, metrics, _ = _ours(model, loss_fn, row, reference, "sigmoid")
+    expected = [p.grad.clone() for p in model.parameters()]
+    length = row["input"].shape[1]
+    batches = []
+    for pairs in ([0, 2], [1]):
+        split = dpo_trl.packed_row(tr, 0, pairs=pairs, length=length)
+        batches.append(({k: v for k, v in split.items() if k != "labels"}, split["labels"]))
+    prepared = []
+    monkeypatch.setattr(
+        dpo_reference, "prepare", lambda trainer, split: prepared.append(split) or _Table(reference)
+    )
+    trainer = _Trainer(SimpleNamespace(dpo=DPOSettings(enable=True)), model, loss_fn)
+    assert trainer.should_continue_training() and trainer.should_continue_training()
+    assert prepared == ["train"]
+    model.zero_grad()
+    assert trainer.train_step(iter(batches)) == pytest.approx(loss, rel=1e-6)
+    assert trainer.metrics_processor.extra_sources[0](1) == pytest.approx(metrics, rel=1e-6, abs=1e-7)
+    for got, want in zip((p.grad for p in model.parameters()), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)  # float32: rows of other composition

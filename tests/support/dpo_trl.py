@@ -130,12 +130,14 @@ def step(tr, ref_logps=None) -> tuple[float, dict, float]:
     return float(loss.detach()), metrics, float(torch.stack(grads).sum().sqrt())
 
 
-def packed_row(tr, pad_id: int, multiple: int = 8) -> dict[str, torch.Tensor]:
-    """PAIRS as one objective=dpo row ([1, L] tensors; ``pairs`` [1, max_pairs(L)]) from TRL's
-    own tokenization (``prompt_ids``, ``chosen_ids``, ``rejected_ids``)."""
+def packed_row(tr, pad_id: int, pairs=None, length: int | None = None) -> dict[str, torch.Tensor]:
+    """``pairs`` (indices into PAIRS, default all) as one objective=dpo row ([1, L] tensors;
+    ``dpo_pair`` [1, max_pairs(L)]) from TRL's own tokenization (``prompt_ids``, ``chosen_ids``,
+    ``rejected_ids``), padded to ``length`` or to the next multiple of 8 (the chunked loss's)."""
+    pairs = list(range(len(PAIRS))) if pairs is None else list(pairs)
     ids, pos, labels, segment = [], [], [], []
-    for j in range(len(PAIRS)):
-        example = tr.train_dataset[j]
+    for j, index in enumerate(pairs):
+        example = tr.train_dataset[index]
         for side, name in enumerate(("chosen_ids", "rejected_ids")):
             prompt, completion = example["prompt_ids"], example[name]
             doc = prompt + completion
@@ -145,13 +147,13 @@ def packed_row(tr, pad_id: int, multiple: int = 8) -> dict[str, torch.Tensor]:
                 completion_target = t >= len(prompt)
                 labels.append(doc[t] if completion_target else -100)
                 segment.append(2 * j + side if completion_target else -1)
-    pad = -len(ids) % multiple
+    pad = (length - len(ids)) if length is not None else -len(ids) % 8
     ids, pos, labels, segment = (
         ids + [pad_id] * pad,
         pos + list(range(pad)),
         labels + [-100] * pad,
         segment + [-1] * pad,
     )
-    pairs = list(range(len(PAIRS))) + [-1] * (max_pairs(len(ids)) - len(PAIRS))
-    row = {"input": ids, "positions": pos, "labels": labels, SEGMENT_KEY: segment, PAIR_KEY: pairs}
+    keys = pairs + [-1] * (max_pairs(len(ids)) - len(pairs))
+    row = {"input": ids, "positions": pos, "labels": labels, SEGMENT_KEY: segment, PAIR_KEY: keys}
     return {k: torch.tensor([v]) for k, v in row.items()}
