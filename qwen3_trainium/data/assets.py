@@ -15,7 +15,8 @@ DATA_DIR = Path(__file__).parent
 CORPUS_DIR = DATA_DIR / "corpus"
 TOKENIZER_DIR = DATA_DIR / "tokenizer"
 CHAT_DIR = DATA_DIR / "chat_corpus"  # data=chat's conversations (train.jsonl, validation.jsonl)
-PREFERENCE_DIR = DATA_DIR / "preference_corpus"  # objective=dpo's pairs (data/preference/corpus.py)
+# objective=dpo's pairs, written by data/preference/corpus.py (make_assets runs it after main())
+PREFERENCE_DIR = DATA_DIR / "preference_corpus"
 # The shipped tokenizer's chat template: Qwen3's published one (Qwen/Qwen3-0.6B, tokenizer_config.json
 # "chat_template", Apache-2.0), verbatim, so data=chat renders exactly as Qwen3 checkpoints do.
 CHAT_TEMPLATE = "chat_template.jinja"
@@ -274,9 +275,6 @@ def main() -> None:
                 f.write(json.dumps({"text": doc}) + "\n")
     train_tokenizer(docs, TOKENIZER_DIR)
     write_chat_corpus()
-    from qwen3_trainium.data.preference.corpus import write_preference_corpus
-
-    write_preference_corpus()
     make_hf_model()
     print(
         f"wrote {len(docs)} training and {len(held_out)} held-out documents to {CORPUS_DIR}, a tokenizer to {TOKENIZER_DIR}, a tiny HF Qwen3 to {HF_TINY_DIR}"
