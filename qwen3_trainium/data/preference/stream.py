@@ -26,7 +26,6 @@ from qwen3_trainium.data import identity as ident
 from qwen3_trainium.data.chat.masks import IGNORE_INDEX
 from qwen3_trainium.data.chat.stream import SEED, Row, RowStream
 from qwen3_trainium.data.preference import max_pairs
-from qwen3_trainium.data.preference.masks import PairDocs
 from qwen3_trainium.data.shares import Shares
 
 
@@ -56,10 +55,9 @@ def check_identity(saved: dict | None, ours: dict) -> None:
 
 
 class PairStream(RowStream):
-    """Rows of ``seq_len`` from records ``0..n-1``; ``encode(i)`` gives record i's pair or None."""
-
-    def __init__(self, n: int, encode: Callable[[int], PairDocs | None], **kwargs) -> None:
-        super().__init__(n, encode, **kwargs)
+    """Rows of ``seq_len`` from records ``0..n-1``; ``encode(i)`` gives record i's pair
+    (``PairDocs``) or None. Chat's constructor: ``PairStream(n, encode, seq_len=..., pad_id=...,
+    packing, rank, world, infinite, pad_when_spent, seed, identity)``."""
 
     def padding_row(self) -> PairRow:
         row = super().padding_row()
