@@ -84,11 +84,13 @@ def stream(run, split: str = "train", *, rank: int = 0, world: int = 1, infinite
     Validator does whenever ``eval.steps`` is set), reads its share once and then pads."""
     pairs = records(run, split)
     held_out = split != "train"
+    m, counts = masker(run), PairCounts()
+    seq_len, overflow = run.training.seq_len, run.data.overflow.value
     return PairStream(
         len(pairs),
-        _encoder(run, pairs, PairCounts()),
-        seq_len=run.training.seq_len,
-        pad_id=tokenizer(run).pad_id,
+        lambda i: encode(m, pairs[i], seq_len, overflow, counts),  # each epoch anew, as chat's: no cache
+        seq_len=seq_len,
+        pad_id=m.tok.pad_id,
         packing=run.data.packing,
         rank=rank,
         world=world,
