@@ -31,6 +31,7 @@ KEYS = {
     "seq_len": "training.seq_len",
     "packing": "data.packing",
     "seed": "debug.seed",
+    "masks": "objective.kind",  # objective=dpo's rows: TRL's completion rule (data/preference/masks.py)
 }
 SETTABLE = ("seq_len", "packing", "seed", "loss_on", "history_thinking", "overflow", "chat_template_kwargs")
 

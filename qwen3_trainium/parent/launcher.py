@@ -103,11 +103,16 @@ def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
 
 
 def _preview(run: RunConf, run_dir: str) -> None:
-    """data.preview=N (chat data): the first N rows rank 0 trains on, written before it starts."""
+    """data.preview=N (chat and preference data): the first N rows rank 0 trains on, written
+    before it starts (a preference row shows each pair's prompt and both completions)."""
     if run.data.preview <= 0 or run.data.format.value == "text" or run.launcher.node_rank > 0:
         return
-    from qwen3_trainium.data.chat import source
     from qwen3_trainium.parent.preflight.chat import dp_ranks
+
+    if run.data.format.value == "preference":
+        from qwen3_trainium.data.preference import source
+    else:
+        from qwen3_trainium.data.chat import source
 
     md, jsonl = source.write_preview(run, run_dir, run.data.preview, world=dp_ranks(run))
     print(f"[qwen3-trainium] data preview: {md} and {jsonl}", flush=True)

@@ -63,3 +63,11 @@ def test_wandb_is_offline_without_an_api_key(tmp_path):
 def test_tracking_off_sets_no_wandb_env(tmp_path):
     env = launcher.rank_env(resolve("tracking=off"), str(tmp_path), {})
     assert not any(key.startswith("WANDB") for key in env)
+
+
+def test_data_preview_of_preference_data_shows_pairs(tmp_path):
+    """data.preview=N with objective=dpo: the preference rows, each pair's two completions marked
+    (data/preference/source.py), not chat's reader, which cannot read preference records."""
+    launcher._preview(resolve("objective=dpo", "smoke=on", "data.preview=1"), str(tmp_path))
+    md = (tmp_path / "data_preview.md").read_text()
+    assert "chosen" in md and "rejected" in md and "<|im_end|>\n⟧" in md

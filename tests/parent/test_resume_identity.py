@@ -209,3 +209,31 @@ def test_preflight_refuses_a_resume_on_other_text_data(tmp_path):
         f.write(json.dumps({"text": "one more record"}) + "\n")
     problems = check_resume_data(resolve(*data), step_dir, _metadata(step_dir), [])
     assert [p.key for p in problems] == ["data.dataset_path"]
+
+
+def _pairs_copy(tmp_path, n: int = 40) -> str:
+    """The first n shipped preference pairs in a directory of their own."""
+    from qwen3_trainium.data import assets
+
+    lines = (assets.DATA_DIR / "preference_corpus" / "train.jsonl").read_text().splitlines()[:n]
+    path = tmp_path / "pairs"
+    path.mkdir()
+    (path / "train.jsonl").write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_preflight_refuses_a_resume_on_other_preference_data_naming_key_value_and_fix(tmp_path):
+    """objective=dpo: the check reads the preference rows' identity (data/preference/source.py),
+    not chat's, whose template settings (loss_on, history_thinking) preference rows do not have."""
+    dpo = ("objective=dpo", "smoke=on", "checkpoint=resume", f"data.dataset_path={_pairs_copy(tmp_path)}")
+    from qwen3_trainium.data.preference.masks import MASK_RULE
+    from qwen3_trainium.parent.preflight.resume_data import our_identity
+
+    assert our_identity(resolve(*dpo))["masks"] == MASK_RULE  # compared as objective.kind
+    step_dir = _write_step(resolve(*dpo), tmp_path / "run")
+    notes: list[str] = []
+    assert check_resume_data(resolve(*dpo), step_dir, _metadata(step_dir), notes) == []
+    for override, key in [("data.packing=false", "data.packing"), ("debug.seed=7", "debug.seed")]:
+        problems = check_resume_data(resolve(*dpo, override), step_dir, _metadata(step_dir), notes)
+        assert [p.key for p in problems] == [key], (override, problems)
+        assert f"{step_dir} was written reading other data" in problems[0].message

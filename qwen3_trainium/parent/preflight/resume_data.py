@@ -51,6 +51,10 @@ def _dataset_state(state) -> dict | None:
 
 
 def our_identity(run: RunConf) -> dict:
+    if run.data.format.value == "preference":
+        from qwen3_trainium.data.preference import source as preference
+
+        return preference.identity(run)
     if run.data.format.value != "text":
         from qwen3_trainium.data.chat import source
 
