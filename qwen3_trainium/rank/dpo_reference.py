@@ -115,7 +115,7 @@ def _run(trainer):
 _GLOO: list = []
 
 
-def _group():
+def host_group():
     """A gloo group over every rank (None without torch.distributed): the table's agreement and
     gather run on the host, whatever the accelerator's backend (as ``rank/trainer.py``'s
     ``agreement_group``). Made once per process, by every rank at the same point."""
@@ -146,7 +146,7 @@ def prepare(trainer, split: str) -> ReferenceTable:
     """The reference table of ``split`` (train, validation): reused, or computed now (step 0)."""
     run = _run(trainer)
     path = table_path(run, split)
-    group = _group()
+    group = host_group()
     table = _existing(path, run.training.seq_len, group)
     if table is not None:
         logger.info(f"reference log-probs: reused {path}")
