@@ -5,6 +5,8 @@ exo_pair raises on e = 0 at 829-833), checked here against hand-written expectat
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from conftest import resolve
 
@@ -143,3 +145,26 @@ def test_a_bad_preference_record_is_refused_with_its_file_and_line(tmp_path):
     problems = chat.check_chat(resolve(*DPO, f"data.dataset_path={path}"), [])
     assert [(p.key, p.value) for p in problems] == [("data.dataset_path", f"{path}:2")]
     assert "chosen and rejected" in problems[0].fix
+
+
+def test_a_resume_whose_reference_table_is_missing_is_refused_before_launch(tmp_path):
+    """A DCP step in the run directory: torchtitan would resume from it, with the trained weights."""
+    from qwen3_trainium.parent.preflight import dpo_reference
+    from qwen3_trainium.rank.dpo_reference_key import table_path
+
+    run = resolve(*DPO, "checkpoint=resume")
+    step = tmp_path / run.checkpoint.folder / "step-5"
+    step.mkdir(parents=True)
+    assert (
+        dpo_reference.check_reference_on_resume(run, str(tmp_path)) == []
+    )  # no .metadata: nothing to resume
+    (step / ".metadata").write_bytes(b"")
+    problems = dpo_reference.check_reference_on_resume(run, str(tmp_path))
+    table = table_path(run, "train")
+    assert [(p.key, p.value) for p in problems] == [("checkpoint.folder", str(step.parent))]
+    assert "step 5" in problems[0].message and table in problems[0].fix
+    os.makedirs(os.path.dirname(table), exist_ok=True)
+    open(table, "wb").close()
+    assert dpo_reference.check_reference_on_resume(run, str(tmp_path)) == []
+    lora = resolve(*DPO, "checkpoint=resume", "peft=lora")  # adapters_off: no table to read
+    assert dpo_reference.check_reference_on_resume(lora, str(tmp_path)) == []

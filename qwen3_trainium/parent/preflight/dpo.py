@@ -5,14 +5,11 @@ the bad value and the setting that works."""
 
 from __future__ import annotations
 
-import glob
-import os
-
-from qwen3_trainium.config.choices import DPOLoss, DPOReference, Objective
+from qwen3_trainium.config.choices import DPOLoss, Objective
 from qwen3_trainium.config.schema import ModelPath, RunConf
 from qwen3_trainium.config.schema_data import DPOConf
+from qwen3_trainium.parent.preflight.dpo_reference import check_reference
 from qwen3_trainium.parent.preflight.problem import Problem
-from qwen3_trainium.rank.dpo_config import reference_mode
 
 # TRL 1.16.0 reads label_smoothing in these per-pair losses only (trl/trainer/dpo_trainer.py
 # _compute_loss, 1406-1431; aot and aot_unpaired read it too, and are not offered here).
@@ -50,7 +47,7 @@ def check_dpo(run: RunConf) -> list[Problem]:
     if not is_dpo(run):
         return ([] if not preference else [_needs_dpo()]) + _ignored(run)
     problems = [] if preference else [_needs_pairs(run)]
-    problems += _paths(run) + _knobs(run.objective.dpo) + _reference(run)
+    problems += _paths(run) + _knobs(run.objective.dpo) + check_reference(run)
     return problems
 
 
@@ -210,42 +207,3 @@ def _smoothing(dpo: DPOConf) -> list[Problem]:
         why = f"{', '.join(t.value for t in readers)} need{'s' if len(readers) == 1 else ''} {low} e < {high}"
         return [Problem(key, e, why, f"{key}=0.1 (the EXO paper recommends 1e-3 for exo_pair)")]
     return []
-
-
-def _reference(run: RunConf) -> list[Problem]:
-    dpo, problems = run.objective.dpo, []
-    mode = reference_mode(run)
-    if mode is DPOReference.adapters_off and run.peft.method.value != "lora":
-        problems.append(
-            Problem(
-                "objective.dpo.reference",
-                "adapters_off",
-                "the reference is the model with its LoRA adapters switched off, and this run has none",
-                "peft=lora, or objective.dpo.reference=precompute (full fine-tuning)",
-            )
-        )
-    path = dpo.reference_path
-    if path and mode is DPOReference.adapters_off:
-        problems.append(
-            Problem(
-                "objective.dpo.reference_path",
-                path,
-                "with reference=adapters_off the reference is this run's own base weights",
-                "objective.dpo.reference=precompute, or leave objective.dpo.reference_path unset",
-            )
-        )
-    elif path and not _hf_dir(path):
-        problems.append(
-            Problem(
-                "objective.dpo.reference_path",
-                path,
-                "is no Hugging Face model directory (config.json and *.safetensors)",
-                "objective.dpo.reference_path=<an HF directory>, or unset: the run's initial weights",
-            )
-        )
-    return problems
-
-
-def _hf_dir(path: str) -> bool:
-    has_config = os.path.isfile(os.path.join(path, "config.json"))
-    return has_config and bool(glob.glob(os.path.join(path, "*.safetensors")))
