@@ -21,7 +21,10 @@ def evaluation(run: RunConf, run_dir: str) -> tuple[object, dict]:
     passkey = {"passkey": _passkey(run, run_dir, chat)} if run.eval.long_context else {}
     if not run.eval.enable:  # the passkey check runs without held-out loss too
         return train, passkey
-    validator = HeldOutValidator.Config(
+    validator_class = HeldOutValidator
+    if run.objective.kind.value == "dpo":  # held-out DPO loss and TRL's eval metrics (rank/dpo_validator.py)
+        from qwen3_trainium.rank.dpo_validator import PreferenceValidator as validator_class
+    validator = validator_class.Config(
         enable=True, freq=run.eval.freq, steps=run.eval.steps, last_step=run.training.steps, dataloader=val
     )
     sample_config = samples.SampleConfig(

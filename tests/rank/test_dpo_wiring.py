@@ -47,3 +47,13 @@ def test_objective_sft_keeps_cross_entropy_and_dpo_off(tmp_path):
     cfg = to_trainer_config(resolve("device=cpu"), str(tmp_path))
     assert type(cfg.loss.loss_fn) is CrossEntropyLoss.Config
     assert cfg.dpo == DPOSettings()
+
+
+def test_eval_on_with_dpo_validates_held_out_preferences(tmp_path):
+    from qwen3_trainium.rank.dpo_validator import PreferenceValidator
+    from qwen3_trainium.rank.validator import HeldOutValidator
+
+    dpo = to_trainer_config(resolve("objective=dpo", "device=cpu", "eval=on"), str(tmp_path))
+    assert type(dpo.validator) is PreferenceValidator.Config
+    sft = to_trainer_config(resolve("device=cpu", "eval=on"), str(tmp_path))
+    assert type(sft.validator) is HeldOutValidator.Config
