@@ -32,39 +32,49 @@ LAYER_ADAPTERS = 256 * RANK + RANK * 512 + 256 * RANK + RANK * 256
 BASE = ("model=native", "device=cpu", "smoke=on", "tracking=off")
 
 
-def _trace(tmp_path, name: str, *overrides: str) -> dict:
-    """The trace of a helper process (as pre-flight's), with roofline ceilings for the FLOPs."""
-    run_dir = tmp_path / name
-    run_dir.mkdir()
-    path = compose.save(resolve(*BASE, *overrides), str(run_dir), "trace.yaml")
-    command = [
-        sys.executable,
-        "-m",
-        "qwen3_trainium.memory.trace",
-        str(run_dir),
-        path,
-        "1e12",
-        "1e11",
-        "1e11",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+# Both traces in one helper process (one torch import): each on torchtitan's fake process group,
+# torn down before the next (memory/trace.py ``_fake_world``).
+TRACES = """
+import dataclasses, json, sys
+import torch.distributed as dist
+from qwen3_trainium.config import devices, runconfig
+from qwen3_trainium.memory import trace
+out = []
+for run_dir, path in zip(sys.argv[1::2], sys.argv[2::2]):
+    run = runconfig.load(path)
+    out.append(dataclasses.asdict(trace.trace(run, run_dir, devices.Roofline(1e12, 1e11, 1e11))))
+    dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+def _traces(tmp_path, **runs: tuple[str, ...]) -> dict[str, dict]:
+    """Each run's trace (as pre-flight's helper process makes it), with roofline ceilings for the FLOPs."""
+    args = []
+    for name, overrides in runs.items():
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        args += [str(run_dir), compose.save(resolve(*BASE, *overrides), str(run_dir), "trace.yaml")]
+    done = subprocess.run([sys.executable, "-c", TRACES, *args], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return dict(zip(runs, json.loads(done.stdout.strip().splitlines()[-1]), strict=True))
 
 
-@pytest.mark.heavy  # two traces, 15 to 25 s (the LoRA test below, in make test, traces the same body)
+@pytest.mark.heavy  # two traces, about 12 s (the LoRA test below, in make test, traces the same body)
 def test_full_dpo_trace_adds_exactly_the_no_grad_lm_head_pass(tmp_path):
-    sft = _trace(tmp_path, "sft", "data=chat")
-    dpo = _trace(tmp_path, "dpo", "objective=dpo")  # reference=precompute: a table lookup
+    # reference=precompute: a table lookup
+    traced = _traces(tmp_path, sft=("data=chat",), dpo=("objective=dpo",))
+    sft, dpo = traced["sft"], traced["dpo"]
     assert dpo["step_flops"] - sft["step_flops"] == LM_HEAD
     assert dpo["parts"]["parameters (+ gathered)"] == sft["parts"]["parameters (+ gathered)"]
     assert dpo["parts"]["optimizer states"] == sft["parts"]["optimizer states"]
 
 
-@pytest.mark.slow  # two traces, about 15 s
+@pytest.mark.slow  # two traces in one process, about 14 s
 def test_lora_dpo_trace_runs_the_adapters_off_reference_and_keeps_no_copy(tmp_path):
-    sft = _trace(tmp_path, "sft", "data=chat", "peft=lora")
-    dpo = _trace(tmp_path, "dpo", "objective=dpo", "peft=lora")  # reference=auto: adapters_off
+    # reference=auto: adapters_off
+    traced = _traces(tmp_path, sft=("data=chat", "peft=lora"), dpo=("objective=dpo", "peft=lora"))
+    sft, dpo = traced["sft"], traced["dpo"]
     reference_forward = 2 * TOKENS * LAYERS * (LAYER_WEIGHTS + LAYER_ADAPTERS) + LM_HEAD
     assert dpo["step_flops"] - sft["step_flops"] == reference_forward + LM_HEAD
     assert dpo["parts"]["parameters (+ gathered)"] == sft["parts"]["parameters (+ gathered)"]  # no copy
