@@ -38,18 +38,26 @@ def _run(*args: str):
 @pytest.mark.slow  # one launch: about 40 s on 2 cores
 def test_dpo_smoke_learns_the_preferences(tmp_path):
     """rewards/accuracies (TRL's: chosen reward > rejected reward, strict) over the last 3 steps
-    above the first 3: step 1's reference is the policy itself (every reward 0, accuracy 0)."""
+    above the first 3: step 1's reference is the policy itself (every reward 0, accuracy 0). With
+    eval=on, the held-out pairs' table is computed at the same boundary and the held-out DPO loss
+    is the run's val_loss."""
     data = _pairs(tmp_path)
-    proc, log = _run(f"data.dataset_path={data}", f"hydra.run.dir={tmp_path / 'run'}")
-    computed = COMPUTED.search(log)
-    assert computed and computed.group(1) == "40", log[-3000:]
-    assert os.path.dirname(computed.group(2)) == str(data / ".ref_logps")
+    held_out = ["eval=on", "eval.sample_tokens=0"]
+    proc, log = _run(f"data.dataset_path={data}", *held_out, f"hydra.run.dir={tmp_path / 'run'}")
+    computed = COMPUTED.findall(log)
+    assert [n for n, _ in computed] == ["40", "10"], log[-3000:]  # train, then held out
+    assert {os.path.dirname(path) for _, path in computed} == {str(data / ".ref_logps")}
     rows = read_metrics(tmp_path / "run")
-    accuracies = [r["rewards_accuracies"] for r in rows]
+    accuracies = [r["rewards_accuracies"] for r in rows if "rewards_accuracies" in r]
     assert len(accuracies) == 10 and rows[0]["rewards_margins"] == 0.0
     first, last = statistics.mean(accuracies[:3]), statistics.mean(accuracies[-3:])
     print(f"DPO smoke: rewards/accuracies {accuracies}; first 3 {first:.3f}, last 3 {last:.3f}")
     assert last > first
+    held = re.search(
+        r"validation: DPO loss ([\d.]+), rewards/accuracies [\d.]+ over (\d+) held-out pairs", log
+    )
+    assert held and int(held.group(2)) > 0
+    assert [r["val_loss"] for r in rows if "val_loss" in r] == [pytest.approx(float(held.group(1)), abs=1e-4)]
 
 
 @pytest.mark.heavy  # four launches: about 3 minutes on 2 cores
