@@ -11,6 +11,7 @@ import re
 import statistics
 
 import pytest
+import torch
 from conftest import read_metrics, run_launch
 
 from qwen3_trainium.data import assets
@@ -22,7 +23,7 @@ REUSED = re.compile(r"reference log-probs: reused (\S+)")
 
 def _pairs(tmp_path, n: int = 40):
     data = tmp_path / "pairs"
-    data.mkdir()
+    data.mkdir(parents=True)
     for split, count in (("train", n), ("validation", n // 4)):
         lines = (assets.PREFERENCE_DIR / f"{split}.jsonl").read_text().splitlines(keepends=True)[:count]
         (data / f"{split}.jsonl").write_text("".join(lines))
@@ -103,3 +104,52 @@ def test_lora_dpo_takes_its_reference_from_the_adapters_off_with_no_copy(tmp_pat
     # train and the rewards move, which they would not were the reference the policy itself
     assert rows[0]["rewards_chosen"] == rows[0]["rewards_rejected"] == 0.0
     assert all(r["rewards_margins"] != 0.0 for r in rows[1:])
+
+
+def _perturbed(tiny, folder):
+    """The tiny checkpoint + 0.02 N(0, 1) (seed 0) on every weight, with the tiny's tokenizer
+    files (the same data identity): a policy that is not its reference."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=generator))
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny / name, folder / name)
+    return folder
+
+
+@pytest.mark.heavy  # three launches: about a minute and a half on 2 cores
+def test_a_reference_path_gives_the_reference_and_the_policy_keeps_its_weights(tmp_path):
+    """objective.dpo.reference_path: the pre-pass runs that checkpoint's weights (its table equals
+    the one a run starting from it computes) and training then runs the policy's own (its step-1
+    log-probs equal those of a run that starts from the policy with no reference_path)."""
+    from qwen3_trainium.rank.dpo_reference import ReferenceTable
+
+    tiny = assets.ensure_hf_model()
+    policy = _perturbed(tiny, tmp_path / "policy")
+    one = ["training.steps=1", "lr_scheduler.warmup_steps=1", "checkpoint=hf_finetune"]
+    starts = {
+        "tiny": [f"checkpoint.initial_load_path={tiny}"],
+        "policy_vs_tiny": [f"checkpoint.initial_load_path={policy}", f"objective.dpo.reference_path={tiny}"],
+        "policy": [f"checkpoint.initial_load_path={policy}"],
+    }
+    tables, step1 = {}, {}
+    for name, start in starts.items():
+        data = _pairs(tmp_path / name)  # a data folder each: every run computes its table
+        _, log = _run(*one, *start, f"data.dataset_path={data}", f"hydra.run.dir={tmp_path / name / 'run'}")
+        tables[name] = COMPUTED.search(log).group(2)
+        step1[name] = read_metrics(tmp_path / name / "run")[0]
+    # keyed by the reference's weights, whoever names them
+    assert os.path.basename(tables["tiny"]) == os.path.basename(tables["policy_vs_tiny"])
+    assert os.path.basename(tables["policy"]) != os.path.basename(tables["tiny"])
+    ref, got = ReferenceTable.load(tables["tiny"]), ReferenceTable.load(tables["policy_vs_tiny"])
+    assert torch.allclose(got.chosen, ref.chosen, rtol=0, atol=1e-4) and got.present.all()
+    assert torch.allclose(got.rejected, ref.rejected, rtol=0, atol=1e-4)
+    assert step1["policy_vs_tiny"]["logps_chosen"] == pytest.approx(step1["policy"]["logps_chosen"], rel=1e-6)
+    assert step1["policy"]["rewards_margins"] == 0.0 and step1["policy_vs_tiny"]["rewards_margins"] != 0.0
