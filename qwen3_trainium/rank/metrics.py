@@ -25,7 +25,8 @@ from torchtitan.tools.logging import logger
 
 from qwen3_trainium.rank import hbm_watch
 
-VAL_PERPLEXITY = "validation_metrics/perplexity"
+VAL_PREFIX = "validation_metrics/"
+VAL_PERPLEXITY = VAL_PREFIX + "perplexity"
 
 # torchtitan metric key -> metrics.jsonl key
 JSONL_KEYS = {
@@ -71,6 +72,9 @@ def jsonl_key(key: str) -> str | None:
         return "moe_" + key.removeprefix(MOE_PREFIX)
     if key.startswith(DPO_PREFIXES):
         return key.replace("/", "_", 1)
+    held_out = key.removeprefix(VAL_PREFIX)
+    if held_out != key and held_out.startswith(DPO_PREFIXES):  # eval=on, rank/dpo_validator.py
+        return "val_" + held_out.replace("/", "_", 1)
     return JSONL_KEYS.get(key)
 
 
@@ -207,9 +211,11 @@ class JsonlMetricsProcessor(MetricsProcessor):
 
     def log_validation(self, loss: float, step: int, extra_metrics=None):
         """torchtitan's, plus the held-out perplexity: exp of the mean token loss (capped where
-        exp overflows a float)."""
+        exp overflows a float). Not for objective=dpo, whose held-out loss is the DPO loss
+        (its TRL metrics ride along instead): exp of it means nothing."""
         extra = dict(extra_metrics or {})
-        extra[VAL_PERPLEXITY] = math.exp(min(float(loss), 700.0))
+        if not any(jsonl_key(k) and jsonl_key(k).startswith("val_rewards_") for k in extra):
+            extra[VAL_PERPLEXITY] = math.exp(min(float(loss), 700.0))
         super().log_validation(loss=loss, step=step, extra_metrics=extra)
 
     def log_passkey(self, figures: dict[str, float], step: int) -> None:

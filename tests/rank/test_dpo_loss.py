@@ -191,3 +191,21 @@ def test_every_loss_type_equals_trl_with_an_injected_reference(trl_tiny, kind):
     means = metric_means(metric_sums(sums, torch.ones(3, dtype=torch.bool), dpo_trl.BETA))
     for name, value in means.items():
         torch.testing.assert_close(torch.tensor(value), torch.tensor(logged[name]), rtol=1e-5, atol=1e-5)
+
+
+def test_held_out_dpo_figures_reach_metrics_jsonl_and_no_perplexity_is_made_of_a_dpo_loss(monkeypatch):
+    """eval=on with objective=dpo (rank/dpo_validator.py): validation_metrics/rewards/* are written
+    as val_rewards_*, and exp(held-out DPO loss) is not logged as a perplexity."""
+    from torchtitan.components.metrics import MetricsProcessor
+
+    assert metrics.jsonl_key("validation_metrics/rewards/accuracies") == "val_rewards_accuracies"
+    assert metrics.jsonl_key("validation_metrics/logps/chosen") == "val_logps_chosen"
+    seen = []
+    monkeypatch.setattr(
+        MetricsProcessor, "log_validation", lambda self, **kw: seen.append(kw["extra_metrics"])
+    )
+    processor = object.__new__(metrics.JsonlMetricsProcessor)
+    processor.log_validation(0.5, 10, {"validation_metrics/rewards/accuracies": 1.0})
+    processor.log_validation(2.0, 10, {})
+    assert metrics.VAL_PERPLEXITY not in seen[0]
+    assert seen[1][metrics.VAL_PERPLEXITY] == pytest.approx(math.exp(2.0))
