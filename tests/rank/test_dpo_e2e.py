@@ -153,3 +153,21 @@ def test_a_reference_path_gives_the_reference_and_the_policy_keeps_its_weights(t
     assert torch.allclose(got.rejected, ref.rejected, rtol=0, atol=1e-4)
     assert step1["policy_vs_tiny"]["logps_chosen"] == pytest.approx(step1["policy"]["logps_chosen"], rel=1e-6)
     assert step1["policy"]["rewards_margins"] == 0.0 and step1["policy_vs_tiny"]["rewards_margins"] != 0.0
+
+
+@pytest.mark.heavy  # one launch: about 15 s on 2 cores
+def test_the_pre_pass_leaves_the_expert_load_counts_alone(tmp_path):
+    """A MoE model counts its tokens per expert in training mode (torchtitan's MoE.forward): the
+    pre-pass, in eval mode, adds none. Over 2 steps of one row of 256 positions and top-2 routing
+    each layer counts 2 x 256 x 2 = 1024 assignments (padding included), not the pre-pass's
+    rows as well."""
+    import json
+
+    data = _pairs(tmp_path)
+    _, log = _run(
+        "model=nki_moe", "training.steps=2", f"data.dataset_path={data}", f"hydra.run.dir={tmp_path / 'run'}"
+    )
+    assert COMPUTED.search(log)
+    load = json.loads((tmp_path / "run" / "expert_load.json").read_text())
+    assert (load["first_step"], load["step"], load["top_k"]) == (1, 2, 2)
+    assert [sum(layer) for layer in load["tokens_per_expert"]] == [2 * 256 * 2] * len(load["layers"])
