@@ -30,7 +30,7 @@ from torchtitan.tools.logging import logger
 
 from qwen3_trainium.data.chat.loader import MASK_KEY
 from qwen3_trainium.data.preference import PAIR_KEY
-from qwen3_trainium.rank.dpo_reference_key import key_fields, missing_on_resume, table_path
+from qwen3_trainium.rank.dpo_reference_key import key_fields, missing_on_resume, short_on_resume, table_path
 
 
 class ReferenceMissing(RuntimeError):
@@ -162,6 +162,9 @@ def _prepare(trainer, split: str) -> ReferenceTable:
     if table is not None:
         logger.info(f"reference log-probs: reused {path}")
         return table
+    if trainer.step > 0 and os.path.isfile(path):
+        computed = ReferenceTable.load(path).seq_len
+        raise ReferenceMissing(short_on_resume(path, split, trainer.step, computed, run.training.seq_len))
     if trainer.step > 0:
         raise ReferenceMissing(missing_on_resume(path, split, trainer.step))
     begin = time.monotonic()

@@ -165,3 +165,15 @@ def missing_on_resume(path: str, split: str, step: int) -> str:
         "the run's first start, beside the data or in ~/.cache/qwen3-trainium/ref_logps), or start "
         "the run again from step 0 (a new run directory)"
     )
+
+
+def short_on_resume(path: str, split: str, step: int, computed: int, seq_len: int) -> str:
+    """Why a resumed run cannot go on with a table made at a shorter ``seq_len`` (data.overflow=drop
+    kept fewer pairs then), and the fix."""
+    return (
+        f"objective=dpo: the precomputed reference log-probs of the {split} pairs ({path}) were computed at "
+        f"training.seq_len={computed}, without the pairs that only training.seq_len={seq_len} keeps "
+        f"(data.overflow=drop). This run resumes at step {step}: its weights are the trained policy's, "
+        f"which cannot give the reference. Fix: training.seq_len={computed} (or shorter) to resume it, or "
+        "start the run again from step 0 (a new run directory)"
+    )

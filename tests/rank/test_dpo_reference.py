@@ -193,8 +193,9 @@ def test_a_resume_without_its_table_is_refused_with_the_path_and_the_fix(tmp_pat
 
     table = _table(6)  # computed at seq_len 64, with unscored records: not enough at 256
     table.save(path)
-    with pytest.raises(ref.ReferenceMissing):
+    with pytest.raises(ref.ReferenceMissing) as e:
         ref.prepare(trainer, "train")
+    assert path in str(e.value) and "training.seq_len=64 (or shorter)" in str(e.value)
     table.present[:] = True  # every record scored: the same resume goes on
     table.save(path)
     assert torch.equal(ref.prepare(trainer, "train").chosen, table.chosen)
