@@ -41,6 +41,10 @@ import os
 from qwen3_trainium.data import identity as ident
 
 SUBDIR = ".ref_logps"
+# How the pre-pass computes a table (rank/dpo.py dpo_side_sums: float32 log-softmax of the lm_head,
+# summed over TRL's completion tokens, the model in eval mode). Change it whenever the pre-pass or
+# the model code changes what a table holds: tables of another version are never read.
+PREPASS = "1: fp32 completion log-prob sums, eval mode, torchtitan 0.3.0 models"
 # data identity fields that do not decide a pair's token ids (see the module docstring)
 NOT_IN_KEY = ("seq_len", "packing", "seed")
 
@@ -85,8 +89,12 @@ def checkpoint_identity(run) -> dict:
         par.pipeline_parallel_degree,
         par.context_parallel_degree,
     ]
-    # only smoke runs train from a random init: the weights are the flavor's init under the seed
-    return {"random_init": f"{run.model.flavor} seed {run.debug.seed} layout {layout}"}
+    # only smoke runs train from a random init: the weights are the flavor's init under the seed,
+    # made by the installed torch and torchtitan (their init code and RNG decide the numbers)
+    from importlib.metadata import version
+
+    made_by = f"torch {version('torch')}, torchtitan {version('torchtitan')}"
+    return {"random_init": f"{run.model.flavor} seed {run.debug.seed} layout {layout}, {made_by}"}
 
 
 def key_fields(run, split: str) -> dict:
@@ -97,6 +105,7 @@ def key_fields(run, split: str) -> dict:
         if not (name == "seq_len" and truncating):
             data.pop(name, None)
     return {
+        "prepass": PREPASS,
         "data": data,
         "split": split,
         "split_records": split_records(run, split),

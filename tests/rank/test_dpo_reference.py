@@ -306,3 +306,21 @@ def test_two_ranks_run_as_many_forwards_and_both_hold_the_whole_table(tmp_path):
         records = [json.loads(line) for line in (tmp_path / name / "pairs.jsonl").read_text().splitlines()]
         want = [_completion_sum(tok, r, "chosen") for r in records]
         assert out[(name, 0)] == out[(name, 1)] == (forwards, want, [True] * n), name
+
+
+def test_the_key_follows_the_pre_pass_version_and_a_random_inits_makers(tmp_path, monkeypatch):
+    """A table written by another version of the pre-pass (or, for a random init, by other torch
+    or torchtitan init code) is never read: it would hold other numbers under the same name (seen:
+    a table left by an earlier pre-pass gave step-1 rewards of -0.656 instead of 0)."""
+    data = _dataset(tmp_path / "data")
+    base = refkey.key(_run(data), "train")
+    monkeypatch.setattr(refkey, "PREPASS", refkey.PREPASS + " (changed)")
+    assert refkey.key(_run(data), "train") != base
+    monkeypatch.undo()
+    import importlib.metadata
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "0.0" if name == "torchtitan" else real(name)
+    )
+    assert refkey.key(_run(data), "train") != base
