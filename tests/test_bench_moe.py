@@ -190,7 +190,7 @@ def test_the_mfu_peak_named_on_neuron_is_158_tflops_per_rank_at_lnc_2():
     assert moe_facts.mfu_peak({"device": {"type": "cpu"}}).startswith("n/a on cpu")
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # 27 s: two smoke jobs (make test near 20 minutes)
 def test_cpu_bench_runs_both_routes_and_reports_their_numbers(tmp_path):
     out = tmp_path / "report"
     proc = subprocess.run(

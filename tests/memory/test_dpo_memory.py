@@ -60,7 +60,7 @@ def _traces(tmp_path, **runs: tuple[str, ...]) -> dict[str, dict]:
     return dict(zip(runs, json.loads(done.stdout.strip().splitlines()[-1]), strict=True))
 
 
-@pytest.mark.heavy  # two traces, about 12 s (the LoRA test below, in make test, traces the same body)
+@pytest.mark.heavy  # two traces, about 12 s
 def test_full_dpo_trace_adds_exactly_the_no_grad_lm_head_pass(tmp_path):
     # reference=precompute: a table lookup
     traced = _traces(tmp_path, sft=("data=chat",), dpo=("objective=dpo",))
@@ -70,7 +70,7 @@ def test_full_dpo_trace_adds_exactly_the_no_grad_lm_head_pass(tmp_path):
     assert dpo["parts"]["optimizer states"] == sft["parts"]["optimizer states"]
 
 
-@pytest.mark.slow  # two traces in one process, about 14 s
+@pytest.mark.heavy  # two traces in one process, about 14 s (make test near 20 minutes)
 def test_lora_dpo_trace_runs_the_adapters_off_reference_and_keeps_no_copy(tmp_path):
     # reference=auto: adapters_off
     traced = _traces(tmp_path, sft=("data=chat", "peft=lora"), dpo=("objective=dpo", "peft=lora"))

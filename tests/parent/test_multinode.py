@@ -73,7 +73,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # 26 s: two torchruns (make test near 20 minutes)
 def test_two_nodes_as_two_torchruns_on_this_machine_train_the_same_model(tmp_path):
     run_dir = tmp_path / "run"
     common = [

@@ -284,7 +284,7 @@ def _rank(rank: int, port: int, folder: str, out: dict) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.slow  # two spawned processes importing torch: ~20 s on 2 cores
+@pytest.mark.heavy  # two spawned processes importing torch: ~20 s on 2 cores
 def test_two_ranks_run_as_many_forwards_and_both_hold_the_whole_table(tmp_path):
     import socket
 
