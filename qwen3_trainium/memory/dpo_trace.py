@@ -16,40 +16,45 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from qwen3_trainium.data.preference import PAIR_KEY, SEGMENT_KEY, max_pairs
-from qwen3_trainium.memory.trace import _Rank
 from qwen3_trainium.rank.dpo import DPOObjective
 from qwen3_trainium.rank.dpo_reference import ReferenceTable
 
 
-class DPORank(DPOObjective, _Rank):
-    """``trace._Rank`` with the DPO trainer's step: ``DPOObjective.post_dataloading_process``
-    takes the DPO keys out of the batch, then ``_Rank``'s (torchtitan's, with CP's mask) runs;
-    ``_forward_backward_body`` is ``DPOObjective``'s. Not ``DPOObjective.__init__``: the trace
-    has no metrics processor, and the step's pair count (``train_step``'s) is set here."""
+def dpo_rank(_Rank: type) -> type:
+    """``trace._Rank`` (passed in: trace.py imports this module, not the other way) with the DPO
+    trainer's step."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        _Rank.__init__(self, *args, **kwargs)
-        batch = self.config.training.local_batch_size
-        self._dpo_global_pairs = torch.tensor(float(batch))
-        if self.config.dpo.reference == "precompute":  # the rows' pairs are records 0 .. batch - 1
-            zeros = torch.zeros(batch, dtype=torch.float64)
-            self._dpo_reference = ReferenceTable(zeros, zeros, torch.ones(batch, dtype=torch.bool), 0)
+    class DPORank(DPOObjective, _Rank):
+        """``trace._Rank`` with the DPO trainer's step: ``DPOObjective.post_dataloading_process``
+        takes the DPO keys out of the batch, then ``_Rank``'s (torchtitan's, with CP's mask) runs;
+        ``_forward_backward_body`` is ``DPOObjective``'s. Not ``DPOObjective.__init__``: the trace
+        has no metrics processor, and the step's pair count (``train_step``'s) is set here."""
 
-    def rows(self):
-        """One pair per row: chosen on the first half, rejected on the second."""
-        train = self.config.training
-        batch, length, half = train.local_batch_size, train.seq_len, train.seq_len // 2
-        tokens = torch.zeros(batch, length, dtype=torch.long)
-        position = torch.arange(length)
-        positions = torch.where(position < half, position, position - half).repeat(batch, 1)
-        segment = (position >= half).long().repeat(batch, 1)
-        pairs = torch.full((batch, max_pairs(length)), -1, dtype=torch.long)
-        pairs[:, 0] = torch.arange(batch)
-        inputs = {"input": tokens, "positions": positions, SEGMENT_KEY: segment, PAIR_KEY: pairs}
-        return inputs, tokens.clone()
+        def __init__(self, *args, **kwargs) -> None:
+            _Rank.__init__(self, *args, **kwargs)
+            batch = self.config.training.local_batch_size
+            self._dpo_global_pairs = torch.tensor(float(batch))
+            if self.config.dpo.reference == "precompute":  # the rows' pairs are records 0 .. batch - 1
+                zeros = torch.zeros(batch, dtype=torch.float64)
+                self._dpo_reference = ReferenceTable(zeros, zeros, torch.ones(batch, dtype=torch.bool), 0)
 
-    def batch(self, fake_mode):
-        step_batch = super().batch(fake_mode)
-        self._dpo_rows = tree_map_only(torch.Tensor, fake_mode.from_tensor, self._dpo_rows)
-        self._dpo_totals = fake_mode.from_tensor(torch.zeros(7, dtype=torch.float64))
-        return step_batch
+        def rows(self):
+            """One pair per row: chosen on the first half, rejected on the second."""
+            train = self.config.training
+            batch, length, half = train.local_batch_size, train.seq_len, train.seq_len // 2
+            tokens = torch.zeros(batch, length, dtype=torch.long)
+            position = torch.arange(length)
+            positions = torch.where(position < half, position, position - half).repeat(batch, 1)
+            segment = (position >= half).long().repeat(batch, 1)
+            pairs = torch.full((batch, max_pairs(length)), -1, dtype=torch.long)
+            pairs[:, 0] = torch.arange(batch)
+            inputs = {"input": tokens, "positions": positions, SEGMENT_KEY: segment, PAIR_KEY: pairs}
+            return inputs, tokens.clone()
+
+        def batch(self, fake_mode):
+            step_batch = super().batch(fake_mode)
+            self._dpo_rows = tree_map_only(torch.Tensor, fake_mode.from_tensor, self._dpo_rows)
+            self._dpo_totals = fake_mode.from_tensor(torch.zeros(7, dtype=torch.float64))
+            return step_batch
+
+    return DPORank

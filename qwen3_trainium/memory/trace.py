@@ -108,7 +108,7 @@ class _Rank:
         return self._post(input_dict, labels)
 
     def _forward_backward_body(self, inputs, labels, global_valid_tokens, extra_kwargs):
-        """torchtitan's; a subclass runs its trainer's own (``dpo_trace.DPORank``: rank/dpo.py's)."""
+        """torchtitan's; a subclass runs its trainer's own (``dpo_trace.dpo_rank``: rank/dpo.py's)."""
         from torchtitan.trainer import Trainer
 
         return Trainer._forward_backward_body(self, inputs, labels, global_valid_tokens, extra_kwargs)
@@ -198,7 +198,9 @@ def trace(run, run_dir: str, ceilings=None) -> Trace:
     loss_fn = config.loss.build(compile_config=config.compile)
     rank_class = _Rank
     if config.dpo.enable:  # the DPO trainer's step (rank/dpo.py)
-        from qwen3_trainium.memory.dpo_trace import DPORank as rank_class
+        from qwen3_trainium.memory.dpo_trace import dpo_rank
+
+        rank_class = dpo_rank(_Rank)
     rank = rank_class(config, parallel_dims, model_config, model, loss_fn, cp_documents)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     batch = rank.batch(fake_mode)  # masks from real positions (nonzero has no fake shape)

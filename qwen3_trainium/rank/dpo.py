@@ -98,14 +98,15 @@ class DPOObjective:
 
     def should_continue_training(self) -> bool:
         """At the first step boundary (after the checkpoint load, torchtitan's ``train``), on every
-        rank: the reference table for reference=precompute."""
+        rank: the reference tables (training's, and eval=on's held-out one) for reference=precompute."""
         if not super().should_continue_training():
             return False
         dpo = self.config.dpo
         if dpo.enable and dpo.reference == "precompute" and self._dpo_reference is None:
-            from qwen3_trainium.rank import dpo_reference
+            from qwen3_trainium.rank import dpo_reference, dpo_validator
 
             self._dpo_reference = dpo_reference.prepare(self, "train")
+            dpo_validator.bind(self)  # eval=on: the held-out table, from the same starting weights
         return True
 
     def train_step(self, data_iterator):

@@ -144,17 +144,8 @@ def _existing(path: str, seq_len: int, group) -> ReferenceTable | None:
 
 def prepare(trainer, split: str) -> ReferenceTable:
     """The reference table of ``split`` (train, validation): reused, or computed now (step 0).
-    The training table's call, at the first step boundary, also readies the held-out validator's
-    (eval=on, ``dpo_validator.bind``): both need the weights the run starts from."""
-    table = _prepare(trainer, split)
-    if split == "train":
-        from qwen3_trainium.rank import dpo_validator
-
-        dpo_validator.bind(trainer)
-    return table
-
-
-def _prepare(trainer, split: str) -> ReferenceTable:
+    The trainer asks for both at its first step boundary (``rank/dpo.py``; the held-out one
+    through ``dpo_validator.bind``): both need the weights the run starts from."""
     run = _run(trainer)
     path = table_path(run, split)
     group = host_group()
