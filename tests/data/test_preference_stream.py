@@ -99,7 +99,7 @@ def test_a_stream_resumed_from_its_state_reads_the_same_rows(packing):
 @pytest.mark.parametrize(
     "saved, says",
     [
-        ({**IDENTITY, "masks": "dpo: another rule"}, "masks"),
+        ({**IDENTITY, "masks": "dpo: another rule"}, "objective.kind"),
         ({k: v for k, v in IDENTITY.items() if k != "masks"}, "another stream"),  # a chat SFT state
         ({**IDENTITY, "seq_len": 32}, "training.seq_len"),
     ],

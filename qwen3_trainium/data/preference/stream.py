@@ -43,7 +43,8 @@ def check_identity(saved: dict | None, ours: dict) -> None:
     """Chat's check (``identity.check``), and the fields it does not know (the mask rule): a
     state written by another objective's stream is refused too."""
     ident.check(saved, ours)
-    extra = [k for k in ours if k not in ident.KEYS]
+    # ident.check compares only the fields both sides hold: a chat SFT state has no mask rule
+    extra = [k for k in ours if k not in ident.KEYS or k == "masks"]
     changed = [k for k in extra if saved and saved.get(k) != ours[k]]
     if changed:
         k = changed[0]
