@@ -203,7 +203,7 @@ def _recorded_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
                 job_num=job.num,
                 overrides=list(job.overrides),
                 total_steps=OmegaConf.select(cfg, "training.steps", default=None),
-                objective=report.objective_key(_eval_enabled(cfg)),
+                objective=report.objective_key(_eval_enabled(cfg), _dpo(cfg)),
                 status="running",
                 started_at=time.time(),
                 stop=None,  # a resumed run's earlier stop
@@ -225,11 +225,16 @@ def _eval_enabled(cfg: DictConfig) -> bool:
     return bool(OmegaConf.select(cfg, "eval.enable", default=False))
 
 
+def _dpo(cfg: DictConfig) -> bool:
+    kind = OmegaConf.select(cfg, "objective.kind", default="sft")
+    return getattr(kind, "value", kind) == "dpo"
+
+
 def objective(cfg: DictConfig, run_dir: str) -> float | None:
-    """The value a job returns to sweepers: its final held-out loss with eval=on, else its final
-    training loss (``job.json`` and the sweep summary's ``objective`` column say which); None
-    when the run logged none."""
-    value = report.final_loss(run_dir, report.objective_key(_eval_enabled(cfg)))
+    """The value a job returns to sweepers: its final held-out loss with eval=on (objective=dpo:
+    its held-out preference accuracy), else its final training loss (``job.json`` and the sweep
+    summary's ``objective`` column say which); None when the run logged none."""
+    value = report.final_loss(run_dir, report.objective_key(_eval_enabled(cfg), _dpo(cfg)))
     return None if math.isnan(value) else value
 
 

@@ -54,8 +54,13 @@ def final_loss(run_dir: str, key: str = "loss") -> float:
     return values[-1] if values else math.nan
 
 
-def objective_key(eval_enabled: bool) -> str:
-    """What a job returns to sweepers (Optuna's objective): held-out loss when eval is on."""
+def objective_key(eval_enabled: bool, dpo: bool = False) -> str:
+    """What a job returns to sweepers (Optuna's objective): held-out loss when eval is on. With
+    objective=dpo and eval on, the held-out preference accuracy (TRL's eval_rewards/accuracies, to
+    maximise: conf/hydra/sweeper/dpo_beta_search.yaml): the DPO loss scales with beta (at beta -> 0
+    it is ln 2 whatever the model prefers), so losses of runs with other betas do not compare."""
+    if dpo and eval_enabled:
+        return "val_rewards_accuracies"
     return "val_loss" if eval_enabled else "loss"
 
 
@@ -64,7 +69,7 @@ def final_metrics(run_dir: str) -> dict[str, float | None]:
     the passkey check's mean accuracy (eval.long_context; None without it)."""
     rows = read_metrics(run_dir)
     out: dict[str, float | None] = {}
-    for key in ("loss", "val_loss", "val_perplexity", "passkey_accuracy"):
+    for key in ("loss", "val_loss", "val_perplexity", "val_rewards_accuracies", "passkey_accuracy"):
         values = _number(rows, key)
         out[f"final_{key}"] = values[-1] if values else None
     return out
@@ -81,6 +86,7 @@ def run_row(run_dir: str, job: int | str = "") -> dict[str, Any]:
     rows = read_metrics(run_dir)
     losses = _number(rows, "loss")
     val_losses = _number(rows, "val_loss")
+    accuracies = _number(rows, "val_rewards_accuracies")  # objective=dpo, eval=on
     tps = _number(rows, "tokens_per_second")
     memory = _number(rows, "memory_max_all_ranks_gib") or _number(rows, "memory_max_active_gib")
     done = rows[-1]["step"] if rows else 0
@@ -93,6 +99,7 @@ def run_row(run_dir: str, job: int | str = "") -> dict[str, Any]:
         "final_loss": round(losses[-1], 4) if losses else "",
         "final_val_loss": round(val_losses[-1], 4) if val_losses else "",
         "objective": record.get("objective", "loss"),
+        "final_val_accuracy": round(accuracies[-1], 4) if accuracies else "",
         "median_tokens_per_s": round(statistics.median(tps)) if tps else "",
         "peak_memory_gib": round(max(memory), 3) if memory else "",
         "wall_s": round(record["wall_s"], 1) if isinstance(record.get("wall_s"), (int, float)) else "",
@@ -101,9 +108,12 @@ def run_row(run_dir: str, job: int | str = "") -> dict[str, Any]:
 
 
 def columns(rows: list[dict[str, Any]]) -> tuple[str, ...]:
-    """The summary's columns: the expert-load ones only when a job is a MoE run with a record."""
+    """The summary's columns: the expert-load ones only when a job is a MoE run with a record;
+    the held-out preference accuracy only when a job is an objective=dpo run with eval=on."""
+    dpo = any(row.get("final_val_accuracy", "") != "" for row in rows)
     moe = any(row.get("max_load", "") != "" for row in rows)
-    return COLUMNS + expert_plot.MOE_COLUMNS if moe else COLUMNS
+    base = COLUMNS + ("final_val_accuracy",) if dpo else COLUMNS
+    return base + expert_plot.MOE_COLUMNS if moe else base
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:

@@ -179,3 +179,39 @@ def test_the_run_plot_is_drawn_once_the_last_step_is_logged_and_redrawn_if_more_
     time.sleep(0.01)
     log(4)  # the metrics changed after the watcher could have drawn: finish draws the final file
     assert late.finish() and (tmp_path / "loss.png").stat().st_mtime_ns > drawn
+
+
+def test_a_dpo_sweep_with_eval_returns_and_shows_held_out_accuracy(tmp_path):
+    """objective=dpo with eval=on: the value a sweeper gets is the final held-out preference
+    accuracy (the DPO loss scales with beta, so trials with other betas do not compare on it),
+    job.json records it, and the summary gains its column; without DPO nothing changes."""
+    from qwen3_trainium.parent import launcher
+
+    run_dir = _fake_run(tmp_path / "r", num=0, status="ok", losses=[0.69, 0.4])
+    with open(run_dir + "/" + report.METRICS_NAME, "a") as f:
+        f.write(
+            json.dumps({"step": 2, "time": 1010.0, "val_loss": 0.3, "val_rewards_accuracies": 0.75}) + "\n"
+        )
+    from conftest import compose_cfg
+
+    assert launcher.objective(compose_cfg("objective=dpo", "eval=on"), run_dir) == 0.75
+    assert launcher.objective(compose_cfg("objective=dpo"), run_dir) == 0.4  # no held-out pairs
+    assert launcher.objective(compose_cfg("eval=on"), run_dir) == 0.3
+    assert report.final_metrics(run_dir)["final_val_rewards_accuracies"] == 0.75
+    row = report.run_row(run_dir, job=0)
+    assert row["final_val_accuracy"] == 0.75 and "final_val_accuracy" in report.columns([row])
+    plain = report.run_row(_fake_run(tmp_path / "s", num=1, status="ok", losses=[1.0]), job=1)
+    assert "final_val_accuracy" not in report.columns([plain])
+
+
+def test_the_dpo_beta_search_maximises_held_out_accuracy_over_dpo_trials():
+    from conftest import CONF
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/sweeper=dpo_beta_search"], return_hydra_config=True)
+    sweeper = cfg.hydra.sweeper
+    assert sweeper.direction == "maximize" and sweeper.params["objective"] == "dpo"
+    assert sweeper.params["eval"] == "on" and "objective.dpo.beta" in sweeper.params
