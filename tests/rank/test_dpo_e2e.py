@@ -1,6 +1,6 @@
 """objective=dpo end to end (``python launch.py objective=dpo ...``): the smoke run learns the
 preferences, the precomputed reference table is computed once and then reused (by a second run
-and by a resume, which without it is refused), and LoRA's reference is its own base with the
+and by a resume, which without it is refused, and ends where an uninterrupted run ends), and LoRA's reference is its own base with the
 adapters off, with no copy of the model. Each run trains on the first 40 pairs of the shipped
 corpus, copied to a writable folder: the table is written beside them (``.ref_logps``)."""
 
@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 import torch
-from conftest import read_metrics, run_launch
+from conftest import launch_killed_after, read_metrics, run_launch
 
 from qwen3_trainium.data import assets
 
@@ -61,7 +61,7 @@ def test_dpo_smoke_learns_the_preferences(tmp_path):
     assert [r["val_loss"] for r in rows if "val_loss" in r] == [pytest.approx(float(held.group(1)), abs=1e-4)]
 
 
-@pytest.mark.heavy  # four launches: about 3 minutes on 2 cores
+@pytest.mark.heavy  # five launches: about 3 minutes on 2 cores
 def test_the_reference_table_is_reused_by_a_second_run_and_a_resume_and_its_loss_refused(tmp_path):
     data = _pairs(tmp_path)
     _, log = _run(f"data.dataset_path={data}", f"hydra.run.dir={tmp_path / 'first'}")
@@ -75,10 +75,15 @@ def test_the_reference_table_is_reused_by_a_second_run_and_a_resume_and_its_loss
 
     resume = [f"data.dataset_path={data}", "checkpoint=resume", "checkpoint.interval=5"]
     where = f"hydra.run.dir={tmp_path / 'resumed'}"
-    _run(*resume, "training.steps=5", where)  # computes nothing: the table exists
-    _, log = _run(*resume, "training.steps=10", where)
+    # killed just after step 5's save (computing nothing: the table exists), then resumed
+    launch_killed_after(tmp_path / "resumed" / "checkpoint" / "step-5", *DPO, *resume, where)
+    _, log = _run(*resume, where)
     assert "Training starts at step 6" in log and REUSED.search(log) and not COMPUTED.search(log)
     assert [r["step"] for r in read_metrics(tmp_path / "resumed")][-1] == 10
+    # the resume is exact: step 10 as the uninterrupted second run logged it (DPO loss, TRL's figures)
+    final = {name: read_metrics(tmp_path / name)[-1] for name in ("second", "resumed")}
+    for key in ("loss", "rewards_chosen", "rewards_rejected", "rewards_margins", "logps_chosen"):
+        assert final["resumed"][key] == pytest.approx(final["second"][key], rel=1e-5, abs=1e-5), key
 
     os.remove(path)  # the table lost: the trained weights cannot stand in for the reference
     proc = run_launch(*DPO, *resume, "training.steps=15", where)
