@@ -51,6 +51,8 @@ class ChatRows(IterableDataset, Stateful):
 
 
 class ChatDataLoader(ParallelAwareDataloader):
+    rows_class: type = ChatRows  # the dataset (data/preference/loader.py: PreferenceRows)
+
     @dataclass(kw_only=True, slots=True)
     class Config(ParallelAwareDataloader.Config):
         config_path: str = ""
@@ -77,7 +79,7 @@ class ChatDataLoader(ParallelAwareDataloader):
     ) -> None:
         run = runconfig.load(config.config_path)
         run.training.seq_len = seq_len
-        rows = ChatRows(
+        rows = self.rows_class(
             run, config.split, dp_rank=dp_rank, dp_world_size=dp_world_size, infinite=config.infinite
         )
         super().__init__(

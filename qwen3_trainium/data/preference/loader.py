@@ -18,10 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
-from torchtitan.components.dataloader import ParallelAwareDataloader
 
-from qwen3_trainium.config import runconfig
-from qwen3_trainium.data.chat.loader import MASK_KEY
+from qwen3_trainium.data.chat.loader import MASK_KEY, ChatDataLoader
 from qwen3_trainium.data.preference import PAIR_KEY, SEGMENT_KEY, source
 from qwen3_trainium.data.preference.stream import PairRow, PairStream
 
@@ -80,44 +78,11 @@ def pair_rows(
         yield _collate(batch)
 
 
-class PreferenceDataLoader(ParallelAwareDataloader):
+class PreferenceDataLoader(ChatDataLoader):
+    """Chat's loader (the same config: ``config_path``, ``split``, ``infinite``) over preference rows."""
+
+    rows_class = PreferenceRows
+
     @dataclass(kw_only=True, slots=True)
-    class Config(ParallelAwareDataloader.Config):
-        config_path: str = ""
-        """The run's resolved.yaml: the data section and seq_len are read from it."""
-
-        split: str = "train"
-        """train, or validation (eval=on's held-out records)."""
-
-        infinite: bool = True
-        """train: loop over epochs. validation: torchtitan's Validator sets it whenever eval.steps is
-        set; the held-out share is then read once and padded (``data/chat/stream.py``)."""
-
-    def __init__(
-        self,
-        config: Config,
-        *,
-        dp_world_size: int,
-        dp_rank: int,
-        tokenizer,
-        seq_len: int,
-        local_batch_size: int,
-        snapshot_every_n_steps: int | None = 1,
-        **kwargs,
-    ) -> None:
-        run = runconfig.load(config.config_path)
-        run.training.seq_len = seq_len
-        rows = PreferenceRows(
-            run, config.split, dp_rank=dp_rank, dp_world_size=dp_world_size, infinite=config.infinite
-        )
-        super().__init__(
-            rows,
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
-            num_workers=config.num_workers,
-            persistent_workers=config.persistent_workers,
-            pin_memory=config.pin_memory,
-            prefetch_factor=config.prefetch_factor,
-            snapshot_every_n_steps=snapshot_every_n_steps,
-            batch_size=local_batch_size,
-        )
+    class Config(ChatDataLoader.Config):  # its own, so that Config.build() makes this class
+        pass
