@@ -14,6 +14,7 @@ NEEDS_VALUE = {
     ("parallel", "trn2_ep"): ["model.flavor=30B-A3B"],  # expert parallel needs an MoE flavor
     ("data", "local"): ["data.dataset_path=qwen3_trainium/data/corpus"],
     ("checkpoint", "hf_finetune"): ["checkpoint.initial_load_path=qwen3_trainium/data/hf/qwen3-tiny"],
+    ("data", "preference"): ["objective=dpo"],  # preference pairs train only with objective=dpo
 }
 
 
