@@ -170,3 +170,21 @@ def test_the_shipped_corpus_counts_and_preview(tmp_path):
     text = open(md).read()
     assert text.count("## Row") == 2 and "chosen:" in text and "rejected:" in text
     assert "<|im_end|>\n⟧" in text, "TRL's completion runs to the end of the render"
+
+
+def test_at_64_data_parallel_ranks_every_pair_is_scored_once_held_out_ones_too():
+    """The regime a trn2 runs (FSDP 64): the reference pre-pass's rows (pair_rows) cover each
+    record of both splits exactly once, the 40 held-out pairs too, though 24 ranks get none."""
+    from qwen3_trainium.data.preference import source
+    from qwen3_trainium.data.preference.loader import pair_rows
+
+    run = resolve("objective=dpo", "smoke=on", "eval=on")
+    for split in ("train", "validation"):
+        got = [
+            int(p)
+            for rank in range(64)
+            for inputs, _ in pair_rows(run, split, rank, 64)
+            for p in inputs[PAIR_KEY].flatten()
+            if p >= 0
+        ]
+        assert sorted(got) == list(range(len(source.records(run, split)))), split
