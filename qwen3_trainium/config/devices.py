@@ -51,6 +51,7 @@ class Roofline:
     bf16_flops: float  # per second, also float16
     fp32_flops: float
     bytes_per_second: float  # device memory bandwidth
+    op_seconds: float = 0.0  # a fixed cost per op (dispatch, launch): measured on a CPU, 0 on a device
 
 
 # MFU's peak. AWS publishes two BF16 figures for Trainium2 that do not agree:

@@ -8,7 +8,9 @@ memory bandwidth. It takes both ceilings from a CUDA device or a CUDA datasheet,
 without an accelerator (``torch.accelerator.is_available()``). This mode applies the same model with
 the ceilings of the device table (``devices.Roofline``: a trn2 rank, or a CPU measured by the
 bench), and, like ``RuntimeEstimator``, leaves communication out: on the fake process group a
-collective costs nothing, so the time is what the rank computes and moves, with perfect overlap.
+collective costs nothing, so the time is what the rank computes and moves, with perfect overlap (``comm.py`` prices the collectives for ``parallel=auto``). On a CPU each op
+also pays a fixed cost (``Roofline.op_seconds``, measured by ``cpu_roofline.py``): a small model's
+CPU step is mostly dispatch, not FLOPs.
 
 Two gaps in torch's tables, filled here:
 - ops that move no data: ``_IGNORE_OPS`` skips views and most creation ops, but not the ``prim``
@@ -62,6 +64,7 @@ class RooflineMode(TorchDispatchMode):
         self.ceilings, self.skip = ceilings, skip
         self.seconds = 0.0
         self.flops = 0.0
+        self.ops = 0  # the ops priced (each also pays ``ceilings.op_seconds``)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(t is DTensor for t in types):
@@ -81,5 +84,6 @@ class RooflineMode(TorchDispatchMode):
             peak = self.ceilings.bf16_flops if half else self.ceilings.fp32_flops
             self.flops += flops
             seconds = max(seconds, flops / peak)
-        self.seconds += seconds
+        self.seconds += seconds + self.ceilings.op_seconds
+        self.ops += 1
         return out

@@ -276,16 +276,21 @@ def ceilings_for(run):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m qwen3_trainium.memory.trace RUN_DIR RESOLVED_YAML [BF16 FP32 BYTES_PER_S]``: the
-    trace as one JSON line on stdout (the ceilings, when given, replace the device table's)."""
+    """``python -m qwen3_trainium.memory.trace RUN_DIR RESOLVED_YAML [--ceilings BF16,FP32,BYTES_PER_S[,OP_S]]``:
+    the trace as one JSON line on stdout (the ceilings, when given, replace the device table's)."""
+    import argparse
+
     from qwen3_trainium.config import devices, runconfig
 
-    args = argv if argv is not None else sys.argv[1:]
-    run_dir, resolved = args[0], args[1]
-    run = runconfig.load(resolved)
-    ceilings = devices.Roofline(*map(float, args[2:5])) if len(args) >= 5 else ceilings_for(run)
+    parser = argparse.ArgumentParser(prog="python -m qwen3_trainium.memory.trace")
+    parser.add_argument("run_dir")
+    parser.add_argument("config")
+    parser.add_argument("--ceilings", type=lambda v: devices.Roofline(*map(float, v.split(","))))
+    args = parser.parse_args(argv)
+    run = runconfig.load(args.config)
+    ceilings = args.ceilings or ceilings_for(run)
     with contextlib.redirect_stdout(sys.stderr):  # torchtitan's logs stay off the JSON
-        result = trace(run, run_dir, ceilings)
+        result = trace(run, args.run_dir, ceilings)
     print(json.dumps(asdict(result)))
     return 0
 
