@@ -120,6 +120,10 @@ class LRSchedulerConf:
     min_lr_factor: float = 0.0
 
 
+# ParallelConf's own fields (parallel=auto's planner, parent/auto), not torchtitan's
+PARALLEL_AUTO_FIELDS = ("auto", "auto_top", "auto_traces", "auto_budget")
+
+
 @dataclass
 class ParallelConf:
     """torchtitan ``ParallelismConfig`` fields (-1 means: all remaining ranks)."""
@@ -134,6 +138,11 @@ class ParallelConf:
     pipeline_parallel_microbatch_size: int = 1
     context_parallel_degree: int = 1
     expert_parallel_degree: int = 1
+    # parallel=auto (parent/auto): the planner chooses the degrees, checkpointing and local batch
+    auto: bool = False
+    auto_top: int = 5  # rows of the ranked table the dry run prints (auto_plan.json has all)
+    auto_traces: int = 3  # layouts the trace confirms, at most (more only while none fits)
+    auto_budget: int = 60  # seconds of tracing after which no further layout is traced
 
 
 @dataclass

@@ -23,6 +23,7 @@ import inspect
 from dataclasses import dataclass
 
 from qwen3_trainium.config.schema import (
+    PARALLEL_AUTO_FIELDS,
     CheckpointConf,
     CompileConf,
     DebugConf,
@@ -99,7 +100,7 @@ SEAMS: tuple[Seam, ...] = (
         "model_spec", "hf_assets_path", "dump_folder", "dataloader", "optimizer", "lr_scheduler", "training",
         "parallelism", "activation_checkpoint", "checkpoint", "metrics", "debug", "compile", "override", "loss")),
     Seam("torchtitan.config:TrainingConfig", "training.*", fields=(*_names(TrainingConf), "disable_cuda_graphs")),
-    Seam("torchtitan.config:ParallelismConfig", "parallel.*", fields=_names(ParallelConf)),
+    Seam("torchtitan.config:ParallelismConfig", "parallel.*", fields=_names(ParallelConf, PARALLEL_AUTO_FIELDS)),
     Seam("torchtitan.config:DebugConfig", "debug.*", fields=_names(DebugConf)),
     Seam("torchtitan.config:CompileConfig", "compile.*", fields=_names(CompileConf)),
     Seam("torchtitan.config:OverrideConfig", "override.imports, model.kernels, attention", fields=("imports",)),

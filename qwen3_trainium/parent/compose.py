@@ -69,7 +69,9 @@ def resolve(cfg: DictConfig, launch_dir: str) -> RunConf:
         run.model.flavor = flavors.default_flavor(device, moe=run.model.path is ModelPath.nki_moe)
     if run.training.mixed_precision_param is ParamDtype.auto:
         run.training.mixed_precision_param = ParamDtype.float32 if device == "cpu" else ParamDtype.bfloat16
-    if run.memory.mode is MemoryMode.auto:
+    if (
+        run.memory.mode is MemoryMode.auto and not run.parallel.auto
+    ):  # parallel=auto traces its best (parent/auto)
         uncalibrated = device == "neuron" and run.model.path is ModelPath.hf
         run.memory.mode = MemoryMode.trace if uncalibrated else MemoryMode.estimate
     if run.model.moe_compute_dtype is ParamDtype.auto:

@@ -71,6 +71,12 @@ def _run_job(cfg: DictConfig, job: Job) -> tuple[str, int]:
         healthy, text = doctor.report(run, job.launch_dir, tty=sys.stdout.isatty())
         print(text)
         return ("ok", 0) if healthy else ("failed", 1)
+    if run.parallel.auto:  # the layout is planned first (parent/auto): every check is of the winner
+        from qwen3_trainium.parent import auto
+
+        run, problems = auto.choose(run, job.run_dir)
+        if problems:
+            return refuse(problems)
     machine = preflight.check_machine(
         run, job.run_dir, launching=not run.dry_run, layout=job.choices.get("parallel", "")
     )

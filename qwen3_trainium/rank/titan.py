@@ -13,7 +13,7 @@ import os
 from enum import Enum
 
 from qwen3_trainium.config import cpu_device, devices, flavors, runconfig
-from qwen3_trainium.config.schema import ACMode, AttnBackend, ModelPath, RunConf
+from qwen3_trainium.config.schema import PARALLEL_AUTO_FIELDS, ACMode, AttnBackend, ModelPath, RunConf
 from qwen3_trainium.rank import dpo_config, titan_eval
 from qwen3_trainium.shared.contract import METRICS_NAME, PROBE_NAME, RUN_DIR_ENV
 
@@ -22,9 +22,11 @@ CAUSAL_OVERRIDE = "qwen3_trainium.models.overrides.attention.causal_sdpa"
 EXPERTS_OVERRIDE = "qwen3_trainium.models.overrides.experts.param_dtype_experts"
 
 
-def fields(section) -> dict:
-    """A schema section as torchtitan's keyword arguments: closed choices (Enums) as their strings."""
-    return {k: v.value if isinstance(v, Enum) else v for k, v in dataclasses.asdict(section).items()}
+def fields(section, drop=()) -> dict:
+    """A schema section as torchtitan's keyword arguments: closed choices (Enums) as their strings
+    (``drop``: our own fields, which torchtitan's config does not have)."""
+    items = dataclasses.asdict(section).items()
+    return {k: v.value if isinstance(v, Enum) else v for k, v in items if k not in drop}
 
 
 def titan_attn_backend(run: RunConf) -> str:
@@ -254,7 +256,7 @@ def to_trainer_config(run: RunConf, run_dir: str):
         optimizer=_optimizer(run),
         lr_scheduler=LRSchedulersContainer.Config(**fields(run.lr_scheduler)),
         training=_training(run),
-        parallelism=ParallelismConfig(**fields(run.parallel)),
+        parallelism=ParallelismConfig(**fields(run.parallel, drop=PARALLEL_AUTO_FIELDS)),
         activation_checkpoint=_activation_checkpoint(run.activation_checkpoint.mode),
         checkpoint=_checkpoint(run, model_parts["model_spec"], run_dir),
         metrics=_metrics(run, run_dir),

@@ -121,6 +121,11 @@ RANGES: tuple[Range, ...] = (
     ),
     Range("parallel.context_parallel_degree", _at_least_1, ">= 1", "parallel.context_parallel_degree=1"),
     Range("parallel.expert_parallel_degree", _at_least_1, ">= 1", "parallel.expert_parallel_degree=1"),
+    Range("parallel.auto_top", _at_least_1, ">= 1 (rows of the plan's table)", "parallel.auto_top=5"),
+    Range(
+        "parallel.auto_traces", _at_least_1, ">= 1 (the winner is always traced)", "parallel.auto_traces=3"
+    ),
+    Range("parallel.auto_budget", _at_least_1, ">= 1 (seconds)", "parallel.auto_budget=60"),
     Range("launcher.nnodes", _at_least_1, ">= 1", "launcher.nnodes=1"),
     Range(
         "launcher.nproc_per_node",

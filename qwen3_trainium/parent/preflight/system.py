@@ -124,7 +124,14 @@ TRACE_FIX = "memory=estimate (the analytic estimate), or a smaller training.loca
 
 
 def run_trace(run: RunConf, run_dir: str) -> tuple[dict | None, str]:
-    """(the trace, "") from a helper process (``memory/trace.py``), or (None, why it failed)."""
+    """(the trace, "") from a helper process (``memory/trace.py``), or (None, why it failed); the
+    layout ``parallel=auto`` chose was traced by the plan already."""
+    if run.parallel.auto:
+        from qwen3_trainium.parent.auto import winner
+
+        planned = winner.planned_trace(run, run_dir)
+        if planned is not None:
+            return planned, ""
     path = compose.save(run, run_dir, TRACE_CONFIG)
     command = [sys.executable, "-m", "qwen3_trainium.memory.trace", run_dir, path]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # fake tensors compute nothing

@@ -1,0 +1,139 @@
+"""parallel=auto: the legal layouts, the screen, the traced confirmation, the ranked table and the
+winner the launcher goes on with. Traces are replaced by a stand-in (``_fake_traces``) except in
+``test_the_cpu_smoke_plan_traces_its_best_and_runs_the_winner`` (tests/rank: heavy e2e)."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import resolve
+
+from qwen3_trainium.memory.trace import Trace
+from qwen3_trainium.parent import auto
+from qwen3_trainium.parent.auto import candidates, plan
+
+GiB = 2**30
+HEADLINE = ("model=nki_moe", "model.flavor=30B-A3B", "device=neuron", "parallel=auto")
+
+
+def _shape(run, tmp_path):
+    return auto._shape(run, str(tmp_path))
+
+
+def _fake_traces(monkeypatch, peak_of=lambda run: 1 * GiB, calls=None):
+    """trace_rows without subprocesses: each run's peak from ``peak_of``, its roofline at the
+    FLOP count (so the order stays the screen's)."""
+
+    def fake(run_dir, runs, limits):
+        out = []
+        for run in runs:
+            if calls is not None:
+                calls.append(run)
+            trace = Trace(world=64, parts={"activations": int(peak_of(run))})
+            trace.step_seconds = 0.5
+            out.append((trace, ""))
+        return out
+
+    monkeypatch.setattr(plan, "trace_rows", fake)
+
+
+def test_trn2_layouts_keep_tp_within_a_chip_divide_the_kv_heads_and_hold_the_global_batch(tmp_path):
+    run = resolve(*HEADLINE)
+    shape, _ = _shape(run, tmp_path)
+    world = candidates.world_of(run, cpu_count=2)
+    assert world.sizes == (64,) and world.ranks_per_chip == 4  # 8 physical cores a chip / LNC 2
+    legal, refused = candidates.legal(run, shape, world)
+    tps = {layout.tp for layout, _ in legal}
+    assert tps == {1, 2, 4}  # 30B-A3B has 4 KV heads; TP 8 would leave a chip
+    assert {layout.global_batch for layout, _ in legal} == {8 * 64}
+    # nki_moe's blockwise kernel splits experts by TP only: pre-flight refuses EP > 1 with it
+    assert {layout.ep for layout, _ in legal} == {1} and refused["parallel.expert_parallel_degree"] > 0
+
+
+def test_each_layout_is_one_the_launcher_accepts_from_its_overrides(tmp_path):
+    run = resolve(*HEADLINE)
+    shape, _ = _shape(run, tmp_path)
+    legal, _ = candidates.legal(run, shape, candidates.world_of(run, 2))
+    layout, chosen = next((lay, r) for lay, r in legal if lay.tp == 4 and lay.accum > 1)
+    again = resolve(*HEADLINE[:-1], "parallel=fsdp", *candidates.overrides(run, layout))
+    for key in ("tensor_parallel_degree", "context_parallel_degree", "expert_parallel_degree"):
+        assert getattr(again.parallel, key) == getattr(chosen.parallel, key)
+    assert again.training.global_batch_size == layout.global_batch == 512
+    assert again.activation_checkpoint.mode == chosen.activation_checkpoint.mode
+
+
+def test_dpo_layouts_have_no_context_parallel(tmp_path):
+    run = resolve("objective=dpo", "parallel=auto", "smoke=on")
+    shape, _ = _shape(run, tmp_path)
+    assert all(layout.cp == 1 for layout in candidates.layouts(run, shape, candidates.world_of(run, 2)))
+
+
+def test_a_layout_the_trace_says_does_not_fit_is_never_chosen(tmp_path, monkeypatch):
+    run = resolve(*HEADLINE)
+    shape, flops = _shape(run, tmp_path)
+    calls = []
+    # the trace puts every layout without checkpointing over the rank's memory
+    _fake_traces(
+        monkeypatch, lambda r: 30 * GiB if r.activation_checkpoint.mode.value == "none" else GiB, calls
+    )
+    made = plan.make_plan(run, str(tmp_path), shape, flops)
+    winner = made.winner
+    assert winner is not None and winner.traced and winner.fits
+    assert winner.layout.ac != "none"
+    over = [r for r in made.rows if r.traced and not r.fits]
+    assert over and all(r.verdict.startswith("does not fit: traced 30.00 GiB") for r in over)
+    # the screen let layouts without checkpointing through (their estimate may fit): traced, refused
+    assert {r.layout.ac for r in over} == {"none"}
+
+
+def test_losers_say_why_and_the_table_has_auto_top_rows(tmp_path, monkeypatch):
+    run = resolve(*HEADLINE, "parallel.auto_top=4")
+    shape, flops = _shape(run, tmp_path)
+    _fake_traces(monkeypatch)
+    data = plan.as_json(plan.make_plan(run, str(tmp_path), shape, flops), run)
+    verdicts = [r["verdict"] for r in data["rows"]]
+    assert verdicts[0] == "winner" and verdicts.count("winner") == 1
+    assert all(v.startswith(("slower by", "does not fit", "not traced")) for v in verdicts[1:])
+    assert any(v.startswith("does not fit: estimated") for v in verdicts)  # the screen's
+    steps = [r["step_seconds"] for r in data["rows"] if r["verdict"].startswith("slower")]
+    assert steps == sorted(steps) and steps[0] >= data["rows"][0]["step_seconds"]
+    from qwen3_trainium.parent.auto import table
+
+    text = table.text(data, 4)
+    assert len([line for line in text.splitlines() if line.strip()[:2].strip().isdigit()]) == 4
+    json_path, md_path = table.write(data, str(tmp_path), 4)
+    assert json.load(open(json_path))["rows"][0]["verdict"] == "winner"
+    assert "| 1 |" in open(md_path).read()
+
+
+def test_no_layout_that_fits_refuses_the_job_naming_parallel_auto(tmp_path, monkeypatch, capsys):
+    run = resolve(*HEADLINE)
+    _fake_traces(monkeypatch, lambda r: 100 * GiB)
+    chosen, problems = auto.choose(run, str(tmp_path))
+    assert chosen is None and problems[0].key == "parallel" and "no layout fits" in problems[0].message
+
+
+def test_the_winner_goes_on_with_its_trace_and_the_plan_is_remembered(tmp_path, monkeypatch, capsys):
+    run = resolve(*HEADLINE)
+    calls = []
+    _fake_traces(monkeypatch, calls=calls)
+    chosen, problems = auto.choose(run, str(tmp_path))
+    assert problems == [] and calls
+    assert chosen.memory.mode.value == "trace"
+    from qwen3_trainium.parent.auto import winner
+
+    assert winner.planned_trace(chosen, str(tmp_path))["parts"] == {"activations": GiB}
+    assert (tmp_path / "auto_plan.md").exists() and (tmp_path / "auto_plan.json").exists()
+    first = len(calls)
+    again, _ = auto.choose(resolve(*HEADLINE), str(tmp_path / "again"))
+    assert len(calls) == first  # remembered: nothing traced again
+    assert again.parallel.tensor_parallel_degree == chosen.parallel.tensor_parallel_degree
+    assert "remembered" in capsys.readouterr().out
+
+
+def test_memory_estimate_plans_without_tracing(tmp_path, monkeypatch):
+    run = resolve(*HEADLINE, "memory=estimate")
+    calls = []
+    _fake_traces(monkeypatch, calls=calls)
+    chosen, problems = auto.choose(run, str(tmp_path))
+    assert problems == [] and calls == [] and chosen.memory.mode.value == "estimate"
