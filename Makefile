@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-neuron lock doctor test-neuron test-gpu test-heavy smoke smoke-native smoke-hf smoke-nki-moe smoke-chat smoke-dpo smoke-bf16 sweep-paths wandb-sync test test-fast lint format bench bench-compile bench-paths bench-moe assets clean
+.PHONY: setup setup-neuron lock doctor test-neuron test-gpu test-heavy smoke smoke-native smoke-hf smoke-nki-moe smoke-chat smoke-dpo smoke-bf16 sweep-paths wandb-sync test test-fast lint format bench bench-compile bench-paths bench-moe bench-auto assets clean
 
 setup: $(STAMP)
 
@@ -126,6 +126,13 @@ bench-paths: setup
 BENCH_MOE_ARGS ?=
 bench-moe: $(HOST_DEPS)
 	$(HOST_PY) bench/moe.py --device $(DEVICE) $(BENCH_MOE_ARGS)
+
+# parallel=auto's step-time prediction against measured steps (bench/auto_calibration.py): CPU
+# plans the smoke job and runs its 1-rank, FSDP2 and TP2 layouts; DEVICE=neuron on a trn2 plans
+# the 30B-A3B job and runs its top three; auto_calibration.md/.json under runs/bench_auto/.
+BENCH_AUTO_ARGS ?=
+bench-auto: $(HOST_DEPS)
+	$(HOST_PY) bench/auto_calibration.py --device $(DEVICE) $(BENCH_AUTO_ARGS)
 
 assets: setup
 	$(PY) -m qwen3_trainium.make_assets
