@@ -42,6 +42,7 @@ def _trace(tmp_path, *overrides):
     return trace.Trace(**data)
 
 
+@pytest.mark.heavy  # 20-30 s: moved out of make test to keep it near 20 minutes
 def test_sharding_divides_parameters_and_adamw_states_exactly(tmp_path):
     """One rank holds every parameter; two FSDP ranks half of them each. AdamW's two states are
     twice the parameters, in float32, at the peak of the second step."""

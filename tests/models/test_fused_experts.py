@@ -126,6 +126,7 @@ def test_a_checkpoints_adamw_states_convert_as_their_weights_and_steps_are_renam
     assert back.keys() == flat.keys() and all(torch.equal(back[k], flat[k]) for k in flat)
 
 
+@pytest.mark.heavy  # 20-30 s: moved out of make test to keep it near 20 minutes
 def test_after_each_layers_forward_its_experts_are_sharded_again(tmp_path):
     """A 30B-A3B-shaped layer on a fake world of 64 (FSDP, torchtitan's parallelize): after the
     forward of layer 0, nothing saved for its backward holds gathered experts (the op saves the

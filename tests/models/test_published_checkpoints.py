@@ -220,6 +220,7 @@ def test_model_hf_refuses_a_qwen3_moe_directory_and_names_the_path_that_trains_i
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 20-30 s: moved out of make test to keep it near 20 minutes
 def test_a_bf16_export_in_small_shards_loads_in_place_of_its_source(tmp_path):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM

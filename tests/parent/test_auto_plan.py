@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import resolve
 
 from qwen3_trainium.memory.trace import Trace
@@ -81,7 +82,9 @@ def test_a_layout_the_trace_says_does_not_fit_is_never_chosen(tmp_path, monkeypa
     assert winner is not None and winner.traced and winner.fits
     assert winner.layout.ac != "none"
     over = [r for r in made.rows if r.traced and not r.fits]
-    assert over and all(r.verdict.startswith("does not fit: traced 30.00 GiB") for r in over)
+    assert over and all(r.verdict.startswith("does not fit: traced 30.00 GiB > 90%") for r in over), [
+        r.verdict for r in over
+    ]
     # the screen let layouts without checkpointing through (their estimate may fit): traced, refused
     assert {r.layout.ac for r in over} == {"none"}
 
@@ -137,3 +140,28 @@ def test_memory_estimate_plans_without_tracing(tmp_path, monkeypatch):
     _fake_traces(monkeypatch, calls=calls)
     chosen, problems = auto.choose(run, str(tmp_path))
     assert problems == [] and calls == [] and chosen.memory.mode.value == "estimate"
+
+
+@pytest.mark.heavy  # a real plan (two traces) and a 2-rank smoke run: about 90 s on 2 cores
+def test_the_cpu_smoke_plan_traces_its_best_and_runs_the_winner(tmp_path):
+    """``python launch.py model=native smoke=on parallel=auto``: the plan is printed, its winner
+    was traced and fits, and the run trains on exactly the winner's layout (torchrun's process
+    count and the resolved degrees), to its last step."""
+    from conftest import read_metrics, run_launch
+
+    from qwen3_trainium.config import runconfig
+
+    run_dir = tmp_path / "run"
+    proc = run_launch("model=native", "smoke=on", "parallel=auto", "tracking=off", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((run_dir / "auto_plan.json").read_text())
+    best = data["rows"][0]
+    assert best["verdict"] == "winner" and best["peak_source"] == "traced" and best["fits"]
+    assert "parallel=auto:" in proc.stdout and "winner" in proc.stdout
+    ran = runconfig.load(str(run_dir / "resolved.yaml"))
+    assert ran.launcher.nproc_per_node == best["world"]
+    assert ran.parallel.tensor_parallel_degree == best["tp"]
+    assert ran.activation_checkpoint.mode.value == best["ac"]
+    assert ran.training.local_batch_size == best["local_batch"]
+    assert f"--nproc_per_node={best['world']}" in proc.stdout
+    assert [r["step"] for r in read_metrics(run_dir)][-1] == 10

@@ -157,6 +157,7 @@ def test_versions_table_catches_a_torch_neuronx_mismatch(monkeypatch):
     ]
 
 
+@pytest.mark.heavy  # 20-30 s: moved out of make test to keep it near 20 minutes
 def test_doctor_reports_and_exits_by_colour(tmp_path):
     proc = run_launch("doctor=true", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, proc.stdout + proc.stderr

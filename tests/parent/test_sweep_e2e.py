@@ -115,6 +115,7 @@ def test_three_paths_in_one_multirun_with_summary_plots_and_one_wandb_run_each(t
     assert groups == {f"sweep-{tmp_path.name}_sweep"}
 
 
+@pytest.mark.heavy  # 20-30 s: moved out of make test to keep it near 20 minutes
 def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     good, bad = tmp_path / "good", tmp_path / "bad"
     good.mkdir()
@@ -172,6 +173,7 @@ def test_progress_line_replaces_the_scrolling_log(tmp_path):
     assert "step:  3  loss:" in (run_dir / "torchrun.log").read_text()
 
 
+@pytest.mark.heavy  # 20-30 s: moved out of make test to keep it near 20 minutes
 def test_optuna_records_failed_trials_and_searches_on(tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = run_launch(

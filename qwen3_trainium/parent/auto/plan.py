@@ -4,7 +4,7 @@
    batch; pre-flight's own rules).
 2. **Screen** every one with the memory estimate (milliseconds each) and a predicted step time
    (FLOPs at the peak plus ``comm.py``'s exposed communication, ``score.py``). A layout whose
-   estimate is over ``SCREEN`` x the rank's memory is out: the estimate has read up to 1.34x the
+   estimate is over ``SCREEN`` x the limit (``score.HEADROOM``, 90% of the rank's memory) is out: the estimate has read up to 1.34x the
    trace on the docs' trn2 lines (``tests/parent/test_readme_trainium.py``), so below that a
    layout might still fit.
 3. **Trace** the best few (``memory/trace.py``: two real steps as rank 0 on fake tensors), in
@@ -39,7 +39,7 @@ from qwen3_trainium.parent.auto import candidates, score
 from qwen3_trainium.parent.auto.score import Scored
 from qwen3_trainium.shared import lifeline
 
-SCREEN = 1.35  # estimate / capacity above which a layout cannot fit (the estimate reads <= 1.34x the trace)
+SCREEN = 1.35  # estimate / limit above which a layout cannot fit (the estimate reads <= 1.34x the trace)
 PLAN_JSON, PLAN_MD = "auto_plan.json", "auto_plan.md"
 
 
@@ -121,7 +121,7 @@ def _predict(rows: list[Scored], shape: ModelShape, fabrics) -> None:
 def _may_fit(row: Scored) -> bool:
     if row.traced:
         return row.fits
-    return not row.capacity or row.estimate <= SCREEN * row.capacity
+    return not row.capacity or row.estimate <= SCREEN * score.HEADROOM * row.capacity
 
 
 def _next(rows: list[Scored], count: int) -> list[Scored]:
@@ -134,7 +134,7 @@ def _next(rows: list[Scored], count: int) -> list[Scored]:
     ]
     ordered = sorted(open_rows, key=lambda r: (r.step_seconds, r.estimate))
     if best == float("inf"):
-        safe = [r for r in ordered if not r.capacity or r.estimate <= r.capacity]
+        safe = [r for r in ordered if not r.capacity or r.estimate <= score.HEADROOM * r.capacity]
         ordered = [*safe[:1], *[r for r in ordered if r not in safe[:1]]]
     return ordered[:count]
 
@@ -226,11 +226,9 @@ def _verdict(row: Scored, best: Scored | None) -> str:
     if row.trace_error:
         return f"not traced: {row.trace_error}"
     if row.traced and not row.fits:
-        return f"does not fit: traced {row.peak / gib:.2f} GiB > {row.capacity / gib:.2f} GiB"
+        return f"does not fit: traced {row.peak / gib:.2f} GiB > 90% of {row.capacity / gib:.2f} GiB"
     if not _may_fit(row):
-        return (
-            f"does not fit: estimated {row.estimate / gib:.2f} GiB > {SCREEN} x {row.capacity / gib:.2f} GiB"
-        )
+        return f"does not fit: estimated {row.estimate / gib:.2f} GiB > {SCREEN} x 90% of {row.capacity / gib:.2f} GiB"
     if best is None:
         return "not confirmed by a trace"
     slower = 100 * (row.step_seconds / best.step_seconds - 1) if best.step_seconds else 0.0

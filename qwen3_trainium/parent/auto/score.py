@@ -23,6 +23,9 @@ from qwen3_trainium.memory.model_shape import ModelShape
 # Compute per step with checkpointing, against none: full recomputes each layer's forward (1 of
 # the 3 passes of forward + backward); torchtitan's selective policy recomputes every other matmul
 # of a layer (``activation_checkpoint.py``: ``mm_count % 2`` is recomputed) and the cheap ops.
+# A layout fits where its peak is at most this share of a rank's memory: pre-flight warns above it
+# (``preflight/system.py``), and AWS's best practices ask for "memory headroom".
+HEADROOM = 0.9
 RECOMPUTE = {"none": 1.0, "selective": 1.0 + 0.5 / 3, "full": 1.0 + 1.0 / 3}
 
 
@@ -50,7 +53,8 @@ class Scored:
 
     @property
     def fits(self) -> bool:
-        return not self.capacity or self.peak <= self.capacity
+        """Under pre-flight's warning line (``HEADROOM`` of the rank's memory)."""
+        return not self.capacity or self.peak <= HEADROOM * self.capacity
 
     @property
     def step_seconds(self) -> float:
