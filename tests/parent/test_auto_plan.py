@@ -49,6 +49,10 @@ def test_trn2_layouts_keep_tp_within_a_chip_divide_the_kv_heads_and_hold_the_glo
     assert {layout.global_batch for layout, _ in legal} == {8 * 64}
     # nki_moe's blockwise kernel splits experts by TP only: pre-flight refuses EP > 1 with it
     assert {layout.ep for layout, _ in legal} == {1} and refused["parallel.expert_parallel_degree"] > 0
+    # 8B's 32 heads and 8 KV heads would take TP 8: only the chip keeps it to 4
+    dense = resolve("model=native", "model.flavor=8B", "device=neuron", "parallel=auto")
+    legal, _ = candidates.legal(dense, _shape(dense, tmp_path)[0], candidates.world_of(dense, cpu_count=2))
+    assert {layout.tp for layout, _ in legal} == {1, 2, 4}
 
 
 def test_each_layout_is_one_the_launcher_accepts_from_its_overrides(tmp_path):
@@ -165,3 +169,19 @@ def test_the_cpu_smoke_plan_traces_its_best_and_runs_the_winner(tmp_path):
     assert ran.training.local_batch_size == best["local_batch"]
     assert f"--nproc_per_node={best['world']}" in proc.stdout
     assert [r["step"] for r in read_metrics(run_dir)][-1] == 10
+
+
+@pytest.mark.slow  # a two-job dry-run sweep: about 20 s
+def test_a_sweep_plans_each_job_on_its_own(tmp_path):
+    """``-m ... training.seq_len=128,256 parallel=auto``: each job's run directory has its own
+    plan, made for its own sequence length."""
+    from conftest import run_launch
+
+    sweep = tmp_path / "sweep"
+    proc = run_launch(
+        "-m", "model=native", "smoke=on", "parallel=auto", "memory=estimate", "tracking=off",
+        "training.seq_len=128,256", "dry_run=true", f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plans = sorted(json.loads(p.read_text())["seq_len"] for p in sweep.glob("*/auto_plan.json"))
+    assert plans == [128, 256]
