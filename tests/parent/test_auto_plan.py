@@ -47,8 +47,8 @@ def test_trn2_layouts_keep_tp_within_a_chip_divide_the_kv_heads_and_hold_the_glo
     tps = {layout.tp for layout, _ in legal}
     assert tps == {1, 2, 4}  # 30B-A3B has 4 KV heads; TP 8 would leave a chip
     assert {layout.global_batch for layout, _ in legal} == {8 * 64}
-    # nki_moe's blockwise kernel splits experts by TP only: pre-flight refuses EP > 1 with it
-    assert {layout.ep for layout, _ in legal} == {1} and refused["parallel.expert_parallel_degree"] > 0
+    # AWS's Neuron EP backend "does not run on Trn2": no EP there
+    assert {layout.ep for layout, _ in legal} == {1}
     # 8B's 32 heads and 8 KV heads would take TP 8: only the chip keeps it to 4
     dense = resolve("model=native", "model.flavor=8B", "device=neuron", "parallel=auto")
     legal, _ = candidates.legal(dense, _shape(dense, tmp_path)[0], candidates.world_of(dense, cpu_count=2))
@@ -65,6 +65,16 @@ def test_each_layout_is_one_the_launcher_accepts_from_its_overrides(tmp_path):
         assert getattr(again.parallel, key) == getattr(chosen.parallel, key)
     assert again.training.global_batch_size == layout.global_batch == 512
     assert again.activation_checkpoint.mode == chosen.activation_checkpoint.mode
+
+
+def test_a_cpu_moe_job_gets_expert_parallel_where_the_blockwise_kernel_is_off(tmp_path):
+    for kernels, eps in (("model.kernels=[]", {1, 2}), ("model.kernels=[moe_experts]", {1})):
+        run = resolve("model=nki_moe", "smoke=on", "parallel=auto", kernels)
+        legal, refused = candidates.legal(
+            run, _shape(run, tmp_path)[0], candidates.world_of(run, cpu_count=2)
+        )
+        assert {layout.ep for layout, _ in legal} == eps
+    assert refused["parallel.expert_parallel_degree"] > 0  # the kernel splits experts by TP only
 
 
 def test_dpo_layouts_have_no_context_parallel(tmp_path):

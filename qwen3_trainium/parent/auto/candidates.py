@@ -19,6 +19,9 @@ What varies, each with the rule that bounds it:
   2 x cp and the attention backend's, ``preflight/context.py``); not with ``objective=dpo``;
 - ``ep``: MoE only, divides the experts and ``dp_shard x cp`` (``check_degrees``), and the
   kernels' rule (``model.kernels=[moe_experts]`` splits experts by TP only: ``preflight/model.py``);
+  not on Trainium: AWS's "How to use EP to train a model with TorchTitan on Neuron" says its
+  Neuron EP backend "runs on Trn3 ... It does not run on Trn2" (``docs/trainium.md``; torchtitan's
+  own all-to-all EP, ``parallel=trn2_ep``, is never run on a trn2 here);
 - ``ac``: none, selective, full;
 - ``local_batch``: every divisor of the global batch over the data-parallel degree;
 - on a CPU, the world itself: 1 .. the cores (a CPU "device" is the whole host).
@@ -91,6 +94,8 @@ def layouts(run: RunConf, shape: ModelShape, world: World) -> list[Layout]:
                     continue
                 dp = size // (tp * cp)
                 eps = [e for e in _divisors(dp * cp) if shape.num_experts and shape.num_experts % e == 0]
+                if run.device.type.value == "neuron":  # AWS: the Neuron EP backend "does not run on Trn2"
+                    eps = []
                 for ep in eps or [1]:
                     if batch % dp:
                         continue

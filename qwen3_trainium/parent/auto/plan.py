@@ -11,7 +11,7 @@
    order of predicted step time, as many at once as there are cores, until ``parallel.auto_traces``
    of them are traced, none left untraced would be faster than the best that fits, or
    ``parallel.auto_budget`` seconds are spent. The trace replaces the estimate and its roofline
-   the FLOP count; the untraced rows are scaled by what the traced ones measured
+   the FLOP count; an untraced row is scaled by what the most similar traced row measured
    (``score.calibrate``).
 4. **Choose** the fastest traced layout that fits. One the trace says does not fit is never
    chosen; with none, the job is refused.
@@ -111,10 +111,9 @@ def make_plan(run: RunConf, run_dir: str, shape: ModelShape, flops_per_token: fl
 
 def _predict(rows: list[Scored], shape: ModelShape, fabrics) -> None:
     """Every row's compute (traced, or its FLOPs scaled by the traced rows') and communication."""
-    factor = score.calibrate(rows)
     for row in rows:
         if not row.traced:
-            row.compute_seconds = row.flops_seconds * factor
+            row.compute_seconds = row.flops_seconds * score.calibrate(row, rows)
         score.price_comm(row, shape, fabrics[row.layout.world])
 
 

@@ -5,8 +5,8 @@
 - **Compute**: before a trace, torchtitan's model FLOPs per token times the tokens a rank computes
   per optimizer step, with activation checkpointing's recompute (``RECOMPUTE``), at the rank's
   peak; after it, the traced roofline (every op of the step at max(FLOPs / peak, bytes /
-  bandwidth), ``memory/roofline.py``) times the micro-batches. Untraced rows are scaled by what
-  the traced ones measured against their FLOP count (``Scored.calibrate``).
+  bandwidth), ``memory/roofline.py``) times the micro-batches. An untraced row is scaled by what
+  the most similar traced row measured against its FLOP count (``calibrate``).
 - **Communication**: ``memory/comm.py`` (FSDP, TP, CP, EP collectives over NeuronLink and EFA, and
   what of them compute hides).
 """
@@ -90,8 +90,19 @@ def price_comm(row: Scored, shape: ModelShape, fabric: comm.Fabric) -> None:
     )  # fmt: skip
 
 
-def calibrate(rows: list[Scored]) -> float:
-    """Traced compute over the FLOP count, the median of the traced rows (1 with none): what
-    the roofline adds to pure FLOPs (memory-bound ops, per-op costs), applied to the rest."""
-    ratios = sorted(r.compute_seconds / r.flops_seconds for r in rows if r.traced and r.flops_seconds)
-    return ratios[len(ratios) // 2] if ratios else 1.0
+def calibrate(row: Scored, rows: list[Scored]) -> float:
+    """Traced compute over the FLOP count (what the roofline adds to pure FLOPs: memory-bound
+    ops, per-op costs) of the traced row most like ``row``: the same TP, CP, EP and checkpointing
+    first, then the nearest micro-batch; 1 with none traced."""
+    traced = [r for r in rows if r.traced and r.flops_seconds]
+    if not traced:
+        return 1.0
+    a = row.layout
+
+    def distance(r: Scored) -> tuple:
+        b = r.layout
+        differs = (a.tp != b.tp, a.cp != b.cp, a.ep != b.ep, a.ac != b.ac)
+        return (sum(differs), differs, abs(a.local_batch - b.local_batch), a.world != b.world)
+
+    like = min(traced, key=distance)
+    return like.compute_seconds / like.flops_seconds
