@@ -42,7 +42,9 @@ def test_changing_one_packed_sample_leaves_the_others_logits_unchanged(flavor):
     assert not torch.equal(before[first], after[first])
     assert torch.equal(before[second], after[second]), "the second sample saw the first"
     alone = _logits(model, row.input_ids[second], row.positions[second])
-    torch.testing.assert_close(before[second], alone, rtol=0, atol=1e-5)  # as if it were alone
+    # as if it were alone; tiny_moe's grouped experts see another token set packed than alone and
+    # round otherwise: 7.5e-04 apart on an AVX2-only CPU (2026-12-07), 1e-5 elsewhere
+    torch.testing.assert_close(before[second], alone, rtol=0, atol=1e-5 if flavor == "tiny" else 1e-3)
 
     leaky = _model(CAUSAL_OVERRIDE, flavor)  # the check can fail: causal-only attention leaks
     assert not torch.equal(

@@ -4,7 +4,7 @@ honest export passes with its figure, a deliberately broken one fails the run (e
 loss falls on all three model paths.
 
 The breakages (``tests/support/broken_export.py``) are what a wrong key map or q/k/v split
-writes: two experts of one layer swapped, two query heads swapped. Measured on these models, each
+writes: one layer's experts swapped in pairs, two query heads swapped. Measured on these models, each
 moves the logits by 2e-2 to 5e-2, about what a bfloat16 forward's own error is (1.5e-2), which is
 why both sides are compared in float32.
 """
@@ -49,7 +49,7 @@ def _export_line(stdout: str) -> str:
 
 @pytest.mark.slow
 def test_a_broken_export_fails_a_bfloat16_run_and_the_same_export_mended_passes(tmp_path):
-    """nki_moe, two experts of layer 1 swapped in the written export: exit 3 with the figure.
+    """nki_moe, layer 1's experts swapped in pairs in the written export: exit 3 with the figure.
     Oracle: the same swap again restores the export, and the same check on the same probe passes."""
     change = "tests.support.broken_export.swapped_experts"
     overrides = ["model=nki_moe", *BF16, f"override.imports=[{change}]", f"hydra.run.dir={tmp_path}"]

@@ -6,7 +6,8 @@ Each factory, given in ``override.imports`` (the hatch for a user's own ``@overr
 swaps the checkpoint manager for a subclass whose ``_save_last_step`` lets the export (and the
 ranks' probe, computed from the trained model) be written, then has rank 0 rewrite the export's
 safetensors with one change:
-- ``swapped_experts``: layer 1's experts 0 and 1 trade their gate, up and down projections;
+- ``swapped_experts``: layer 1's experts 0 and 1, 2 and 3, ... trade their gate, up and down
+  projections;
 - ``swapped_query_heads``: layer 1's query heads 0 and 1 trade places in ``q_proj``.
 """
 
@@ -27,9 +28,13 @@ LAYER = "model.layers.1"
 
 
 def _swap_experts(tensors: dict, config: dict) -> None:
-    for proj in ("gate_proj", "up_proj", "down_proj"):
-        a, b = (f"{LAYER}.mlp.experts.{e}.{proj}.weight" for e in (0, 1))
-        tensors[a], tensors[b] = tensors[b], tensors[a]
+    """Experts 0 and 1, 2 and 3, ... trade places: every expert a token is routed to is another
+    (swapping 0 and 1 alone went unseen where the probe routed no token to either, seen on an
+    AVX2-only CPU on 2026-12-07); applied twice, the export is whole again."""
+    for pair in range(config["num_experts"] // 2):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            a, b = (f"{LAYER}.mlp.experts.{e}.{proj}.weight" for e in (2 * pair, 2 * pair + 1))
+            tensors[a], tensors[b] = tensors[b], tensors[a]
 
 
 def _swap_query_heads(tensors: dict, config: dict) -> None:
