@@ -88,9 +88,11 @@ test: setup
 	$(PY) -m pytest -m "not heavy"
 
 # The multi-minute cases: the local Slurm cluster (two-node sweep, requeue, cancel), SIGTERM and
-# kill-and-resume against an uninterrupted run, the export round trip, the compiled smoke.
+# kill-and-resume against an uninterrupted run, the export round trip, the compiled smoke. The docs'
+# trn2 lines' traces (one process each, one thread) run two at a time (pytest-xdist).
 test-heavy: setup
-	$(PY) -m pytest -m heavy
+	$(PY) -m pytest -m heavy -n 2 tests/parent/test_readme_trainium.py
+	$(PY) -m pytest -m heavy --ignore=tests/parent/test_readme_trainium.py
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
