@@ -10,28 +10,14 @@ import pytest
 
 from qwen3_trainium.memory.comm import KINDS, collective_seconds, fabric_for, step_comm
 from qwen3_trainium.memory.layout import Layout
-from qwen3_trainium.memory.model_shape import ModelShape
+from tests.support.published_shapes import QWEN3_30B_A3B
 
 GiB = 2**30
 TRN2 = fabric_for("neuron", lnc=2, ranks_per_node=64)
 
 # Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json): 48 layers, hidden 2048, 32 heads, 4 kv heads,
 # head_dim 128, 128 experts, top 8, moe_intermediate_size 768, vocab 151,936; 30.5B parameters.
-A3B = ModelShape(
-    params=30_500_000_000,
-    largest_layer=30_500_000_000 // 48,
-    n_layers=48,
-    dim=2048,
-    q_dim=32 * 128,
-    kv_dim=4 * 128,
-    ffn=8 * 768,
-    n_heads=32,
-    n_kv_heads=4,
-    vocab=151_936,
-    num_experts=128,
-    top_k=8,
-    expert_width=768,
-)
+A3B = replace(QWEN3_30B_A3B, params=30_500_000_000, largest_layer=30_500_000_000 // 48)
 STEP = dict(seq_len=4096, compute_bytes=2, reduce_bytes=4, reshard_after_forward=True, fabric=TRN2)
 
 

@@ -9,26 +9,12 @@ import pytest
 from conftest import resolve
 
 from qwen3_trainium.memory import estimate
+from tests.support.published_shapes import QWEN3_30B_A3B
 
 GiB = 2**30
 ALL_LINEARS = "peft.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
 # Qwen3-30B-A3B's shape (Hub config.json: 48 layers, hidden 2048, 128 experts, top 8 of width 768),
 # written out by hand, with rank-8 adapters on both expert projections
-QWEN3_30B_A3B = estimate.ModelShape(
-    params=30_532_122_624,
-    largest_layer=0,
-    n_layers=48,
-    dim=2048,
-    q_dim=32 * 128,
-    kv_dim=4 * 128,
-    ffn=8 * 768,
-    n_heads=32,
-    n_kv_heads=4,
-    vocab=151_936,
-    num_experts=128,
-    top_k=8,
-    expert_width=768,
-)
 WITH_EXPERTS = dataclasses.replace(QWEN3_30B_A3B, expert_adapters=(("down", 8), ("gate_up", 8)))
 
 
