@@ -35,7 +35,7 @@ import copy
 from collections import Counter
 from dataclasses import dataclass
 
-from qwen3_trainium.config import devices, runconfig
+from qwen3_trainium.config import devices
 from qwen3_trainium.config.schema import ACMode, RunConf
 from qwen3_trainium.memory.layout import Layout
 from qwen3_trainium.memory.model_shape import ModelShape
@@ -171,7 +171,3 @@ def layout_problems(run: RunConf) -> list:
 LAYOUT_CHECKS = frozenset(
     {"model", "ranges", "rope", "context parallel", "world size", "objective", "peft", "moe balance"}
 )
-
-
-def world_size(run: RunConf) -> int:
-    return runconfig.degrees(run).world
