@@ -108,7 +108,7 @@ class MemoryMode(Enum):
     # decides: tests/parent/test_readme_trainium.py), else the trace: model=hf on Neuron (Transformers' modules, not modelled tensor by tensor)
     auto = "auto"
     estimate = "estimate"  # by hand from the model's shape: milliseconds (memory/estimate.py)
-    trace = "trace"  # two steps traced under FakeTensorMode on a fake world: seconds (memory/trace.py)
+    trace = "trace"  # the second step traced under FakeTensorMode on a fake world: seconds (memory/trace.py)
 
 
 class ACMode(Enum):

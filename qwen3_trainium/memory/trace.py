@@ -1,14 +1,17 @@
-"""``memory=trace``: two real training steps of the run's model, traced before launch.
+"""``memory=trace``: the run's second training step, traced before launch.
 
 A helper process (``python -m qwen3_trainium.memory.trace``, started by pre-flight) plays rank 0 of
 the planned world on torchtitan's own fake process group (``comm.mode=fake_backend``, torch's
 ``fake`` backend: every collective returns at once, any world size on one CPU). It builds the
 model as a rank does (``ParallelDims``, ``update_from_config``, ``override.imports``, the model
-spec's ``parallelize_fn``, ``init_weights``, the optimizer), then runs two steps (forward,
-backward, clip, AdamW) through torchtitan's own ``Trainer._forward_backward_body`` (objective=dpo:
-the DPO trainer's, ``dpo_trace.py``) under ``FakeTensorMode``: shapes, dtypes and storage sizes are real, no byte is allocated and nothing
-touches a device. torch's ``MemTracker`` records the peak by kind of tensor (the second step
-holds AdamW's states); the second step also runs under the roofline (``roofline.py``).
+spec's ``parallelize_fn``, ``init_weights``, the optimizer), primes AdamW's states as a first
+step leaves them (``tracing.prime_optimizer``), then runs one step (forward, backward, clip,
+AdamW) through torchtitan's own ``Trainer._forward_backward_body`` (objective=dpo: the DPO
+trainer's, ``dpo_trace.py``) under ``FakeTensorMode``: shapes, dtypes and storage sizes are real,
+no byte is allocated and nothing touches a device. torch's ``MemTracker`` records the peak by kind
+of tensor; the step also runs under the roofline (``roofline.py``). ``--first-step`` traces step
+1's forward and backward as well (the old two-step trace: 25 % slower on Qwen3-30B-A3B, and it
+counts one micro-batch's hidden state that only the tracker keeps alive).
 
 torch's ``FSDPMemTracker`` would split FSDP's gathered parameters from the sharded ones, but it
 refuses torchtitan's chunked loss, which calls the ``lm_head`` FSDP module once per chunk outside
@@ -177,8 +180,8 @@ def _build(config, world: int):
     return parallel_dims, model_config, model, flops_per_token
 
 
-def trace(run, run_dir: str, ceilings=None) -> Trace:
-    """Rank 0's peak memory in two training steps of ``run`` at its planned world size, the
+def trace(run, run_dir: str, ceilings=None, first_step: bool = False) -> Trace:
+    """Rank 0's peak memory in the second training step of ``run`` at its planned world size, the
     ``initial_load_in_hf`` peak, and (with ``ceilings``, a ``devices.Roofline``) the step time."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -206,13 +209,13 @@ def trace(run, run_dir: str, ceilings=None) -> Trace:
     batch = rank.batch(fake_mode)  # masks from real positions (nonzero has no fake shape)
     with fake_mode, flash.device_attention(run.device.type.value):  # the device's kernel (flash.py)
         model.to_empty(device="cpu")
-        _init_weights(model)
+        tracing.init_weights(model)
         model.train()
         if hasattr(loss_fn, "set_lm_head"):  # torchtitan's ChunkedLossWrapper, as Trainer sets it
             loss_fn.set_lm_head(model.lm_head)
             model._skip_lm_head = True
         optimizers = config.optimizer.build(model_parts=[model])
-        result = _traced_steps(rank, optimizers, batch, ceilings)
+        result = _traced_steps(rank, optimizers, batch, ceilings, first_step)
     result.world, result.model_flops_per_token = world, float(flops_per_token)
     result.tokens_per_step = run.training.local_batch_size * run.training.seq_len
     par = run.parallel
@@ -225,30 +228,19 @@ def trace(run, run_dir: str, ceilings=None) -> Trace:
     return result
 
 
-def _init_weights(model) -> None:
-    """torchtitan's ``init_weights``: it fills the buffers (RoPE's cache) and, in the HF backend,
-    ties the embeddings again after ``to_empty`` (``init_states``: ``tie_weights``; untied, a
-    tied model's embedding would be counted twice, with its AdamW states). Values do not matter
-    here, and ``trunc_normal_`` reads its bounds as Python numbers, which fake tensors do not
-    have (``_no_grad_trunc_normal_``), so it is a no-op during the trace."""
-    from unittest import mock
-
-    import torch
-
-    with torch.no_grad(), mock.patch("torch.nn.init.trunc_normal_", lambda tensor, *a, **k: tensor):
-        model.init_weights(buffer_device=None)
-
-
-def _traced_steps(rank: _Rank, optimizers, batch, ceilings) -> Trace:
-    """Two steps under the tracker (the second holds AdamW's states), the second also under the
-    roofline; the peak by kind at the moment of the peak."""
+def _traced_steps(rank: _Rank, optimizers, batch, ceilings, first_step: bool = False) -> Trace:
+    """AdamW's states primed (or, with ``first_step``, step 1 traced), then a step under the tracker
+    and the roofline; the peak by kind at the moment of the peak."""
     from qwen3_trainium.memory import tracing
     from qwen3_trainium.memory.roofline import RooflineMode
 
     tracker = tracing.step_tracker()
     tracker.track_external(rank.model_parts[0], *optimizers.optimizers)
     with tracker, tracing.adapted(tracker):
-        rank.step(optimizers, batch)
+        if first_step:  # the first step's forward and backward too (the primed trace's check)
+            rank.step(optimizers, batch)
+        else:
+            tracing.prime_optimizer(rank.model_parts, optimizers)
         tracker.reset_mod_stats()  # per-module stats only; the peak is kept
         timing = RooflineMode(ceilings, skip=lambda: tracker.propagating) if ceilings else None
         with timing or contextlib.nullcontext():
@@ -286,11 +278,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("config")
     parser.add_argument("--ceilings", type=lambda v: devices.Roofline(*map(float, v.split(","))))
+    parser.add_argument(
+        "--first-step",
+        action="store_true",
+        help="trace step 1's forward and backward too, not only AdamW's states",
+    )
     args = parser.parse_args(argv)
     run = runconfig.load(args.config)
     ceilings = args.ceilings or ceilings_for(run)
     with contextlib.redirect_stdout(sys.stderr):  # torchtitan's logs stay off the JSON
-        result = trace(run, args.run_dir, ceilings)
+        result = trace(run, args.run_dir, ceilings, args.first_step)
     print(json.dumps(asdict(result)))
     return 0
 

@@ -16,6 +16,6 @@ RANK_GIB = 23.812  # a trn2 rank's HBM at LNC=2 (config/devices.py)
 def test_the_32k_30b_a3b_layouts_pass_preflight_at_90_percent_or_less(experiment, dry_run, tmp_path):
     result, out, err = dry_run(ROOT, tmp_path, f"experiment={experiment}", "memory=trace")
     assert result == ("dry_run", 0), err
-    assert "(traced: 2 steps as rank 0 of 64" in out
+    assert "(traced: the second step as rank 0 of 64" in out
     peak = float(re.search(r"step peak\s+([\d.]+) GiB", out).group(1))
     assert peak <= 0.9 * RANK_GIB, f"{experiment}: traced {peak:.3f} GiB"

@@ -27,7 +27,7 @@ def test_dry_run_traces_a_trn2_layout_at_64_ranks():
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
-    assert "device memory per rank (traced: 2 steps as rank 0 of 64" in out
+    assert "device memory per rank (traced: the second step as rank 0 of 64" in out
     for row in ("parameters (+ gathered)", "gradients", "optimizer states", "activations", "step peak"):
         assert row in out
     assert "device memory per rank         23.812 GiB (peak" in out
@@ -42,10 +42,51 @@ def _trace(tmp_path, *overrides):
     return trace.Trace(**data)
 
 
+def test_the_primed_step_is_the_two_step_traces_second_step(tmp_path):
+    """The trace primes AdamW's states (gradients of zeros, one optimizer step) instead of tracing
+    step 1's forward and backward. Against the two-step trace (``--first-step``), on one model,
+    both traced at once: every part equal to the byte but the activations, which are lower by
+    exactly one micro-batch's hidden state. torch's tracker keeps step 1's chunked-loss input
+    alive into step 2 (torchtitan's ``ChunkedLossWrapper`` chunks are views of it); without the
+    tracker nothing holds it, so the two-step trace counted it twice. The roofline prices the
+    same FLOPs, and the step time within 0.1 %."""
+    import json
+    import subprocess
+    import sys
+
+    from qwen3_trainium.parent import compose
+
+    run = resolve("model=native", "model.flavor=tiny", "device=cpu", "training.local_batch_size=2")
+    path = compose.save(run, str(tmp_path), "trace.yaml")
+    command = [
+        sys.executable,
+        "-m",
+        "qwen3_trainium.memory.trace",
+        str(tmp_path),
+        path,
+        "--ceilings",
+        "1e12,1e11,1e11,1e-6",
+    ]
+    procs = [
+        subprocess.Popen(command + extra, stdout=subprocess.PIPE, text=True)
+        for extra in ([], ["--first-step"])
+    ]
+    primed, two = (
+        trace.Trace(**json.loads(proc.communicate(timeout=300)[0].splitlines()[-1])) for proc in procs
+    )
+    hidden = 2 * run.training.seq_len * 256 * 4  # local batch x seq x tiny's dim x float32
+    assert {k: v for k, v in two.parts.items() if k != "activations"} == {
+        k: v for k, v in primed.parts.items() if k != "activations"
+    }
+    assert two.parts["activations"] - primed.parts["activations"] == hidden
+    assert primed.parts["optimizer states"] > 0 and primed.step_flops == two.step_flops > 0
+    assert primed.step_seconds == pytest.approx(two.step_seconds, rel=1e-3)
+
+
 @pytest.mark.heavy  # 20-30 s: moved out of make test to keep it near 20 minutes
 def test_sharding_divides_parameters_and_adamw_states_exactly(tmp_path):
     """One rank holds every parameter; two FSDP ranks half of them each. AdamW's two states are
-    twice the parameters, in float32, at the peak of the second step."""
+    twice the parameters, in float32, at the peak of the (second) step."""
     base = ("model=native", "model.flavor=tiny", "device=cpu", "training.local_batch_size=1")
     one = _trace(tmp_path / "1", *base, "launcher.nproc_per_node=1")
     two = _trace(tmp_path / "2", *base, "launcher.nproc_per_node=2")

@@ -165,7 +165,12 @@ def test_resume_continues_the_same_wandb_run_beside_tensorboard(tmp_path):
 def test_progress_line_replaces_the_scrolling_log(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_launch(
-        "smoke=on", "training.steps=3", "tracking=off", "launcher.progress=on", f"hydra.run.dir={run_dir}"
+        "smoke=on",
+        "training.steps=3",
+        "tracking=off",
+        "launcher.progress=on",
+        f"hydra.run.dir={run_dir}",
+        env={"COLUMNS": "200"},  # the line is cut at the terminal's width (COLUMNS=80: cut before the ETA)
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "step 3/3 [####################] | loss " in proc.stdout and "ETA 0:00" in proc.stdout

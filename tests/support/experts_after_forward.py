@@ -60,7 +60,7 @@ def main(run_dir: str, resolved: str) -> dict:
     model.layers["1"].register_forward_pre_hook(after_layer_0)
     with fake_mode:
         model.to_empty(device="cpu")
-        trace._init_weights(model)
+        tracing.init_weights(model)
         model.train()
         loss_fn.set_lm_head(model.lm_head)
         model._skip_lm_head = True

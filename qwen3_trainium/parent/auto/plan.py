@@ -7,7 +7,7 @@
    estimate is over ``SCREEN`` x the limit (``score.HEADROOM``, 90% of the rank's memory) is out: the estimate has read up to 1.34x the
    trace on the docs' trn2 lines (``tests/parent/test_readme_trainium.py``), so below that a
    layout might still fit.
-3. **Trace** the best few (``memory/trace.py``: two real steps as rank 0 on fake tensors), in
+3. **Trace** the best few (``memory/trace.py``: the second step as rank 0 on fake tensors), in
    order of predicted step time, as many at once as there are cores, until ``parallel.auto_traces``
    of them are traced, none left untraced would be faster than the best that fits, or
    ``parallel.auto_budget`` seconds are spent. The trace replaces the estimate and its roofline

@@ -1,6 +1,6 @@
 """What one layout costs (``parallel=auto``): memory per rank and the predicted step time.
 
-- **Memory**: the estimate (``memory/estimate.py``) for every candidate; the trace (two steps of
+- **Memory**: the estimate (``memory/estimate.py``) for every candidate; the trace (the second step of
   the real model as rank 0, ``memory/trace.py``) for the few that would win, which then decides.
 - **Compute**: before a trace, torchtitan's model FLOPs per token times the tokens a rank computes
   per optimizer step, with activation checkpointing's recompute (``RECOMPUTE``), at the rank's

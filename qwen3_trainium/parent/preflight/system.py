@@ -182,7 +182,7 @@ def trace_table(trace, capacity: int | None) -> str:
         return [f"  {name:28s} {value / estimate.GiB:8.3f} GiB" for name, value in parts.items()]
 
     lines = [
-        f"device memory per rank (traced: 2 steps as rank 0 of {trace.world}, {trace.trace_seconds:.0f} s):"
+        f"device memory per rank (traced: the second step as rank 0 of {trace.world}, {trace.trace_seconds:.0f} s):"
     ]
     lines += rows(trace.parts) + [f"  {'step peak':28s} {trace.peak / estimate.GiB:8.3f} GiB"]
     if trace.load_parts:
