@@ -270,7 +270,7 @@ def markdown(report: dict) -> str:
         f"- {report['steps']} steps per layout, medians after {report['warmup']} warm-up step(s)",
         f"- planning: {report['planning_seconds'] or 0:.1f} s (the planner's own count), "
         f"{report['plan_wall_s']:.1f} s of dry run",
-        "- traced: the row's step was traced (else the planner scaled its FLOPs by the traced rows')",
+        "- traced: the row's step was traced (else the planner scaled its FLOPs by the most similar traced row's roofline/FLOPs ratio)",
         "- error % = (predicted - measured) / measured",
         "- load average (1, 5, 15 min) at start {} and end {}".format(
             *(", ".join(f"{x:.2f}" for x in report["load_average"][k]) for k in ("start", "end"))

@@ -110,7 +110,7 @@ def make_plan(run: RunConf, run_dir: str, shape: ModelShape, flops_per_token: fl
 
 
 def _predict(rows: list[Scored], shape: ModelShape, fabrics) -> None:
-    """Every row's compute (traced, or its FLOPs scaled by the traced rows') and communication."""
+    """Every row's compute (traced, or its FLOPs scaled by the most similar traced row's) and communication."""
     for row in rows:
         if not row.traced:
             row.compute_seconds = row.flops_seconds * score.calibrate(row, rows)
