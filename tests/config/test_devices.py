@@ -17,6 +17,7 @@ GiB, MiB = 2**30, 2**20
 
 def test_cpu_device_module_reports_peak_rss_and_resets_it():
     mod = cpu_device.CpuDeviceModule()
+    mod.reset_peak_memory_stats()  # the process's peak so far (an earlier test's, in a worker) is not this test's
     before = mod.memory_stats()["active_bytes.all.peak"]
     blob = torch.ones(64 * 1024 * 1024, dtype=torch.uint8)  # 64 MiB touched
     blob.add_(1)
