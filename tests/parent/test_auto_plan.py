@@ -127,7 +127,18 @@ def test_no_layout_that_fits_refuses_the_job_naming_parallel_auto(tmp_path, monk
     run = resolve(*HEADLINE)
     _fake_traces(monkeypatch, lambda r: 100 * GiB)
     chosen, problems = auto.choose(run, str(tmp_path))
-    assert chosen is None and problems[0].key == "parallel" and "no layout fits" in problems[0].message
+    assert chosen is None and problems[0].key == "parallel"
+    assert "no layout on device=neuron (trn2.48xlarge) fits a rank's memory" in problems[0].message
+    assert "device=neuron" not in problems[0].fix
+
+
+def test_a_cpu_plan_that_fits_nothing_says_it_planned_for_the_cpu(tmp_path, capsys):
+    """The headline experiment's device comes with its parallel preset; parallel=auto replaces the
+    preset, so without device=neuron the 30B model is planned for this CPU's ranks."""
+    run = resolve("experiment=qwen3_30b_a3b_trn2", "parallel=auto", "memory=estimate")
+    chosen, problems = auto.choose(run, str(tmp_path))
+    assert chosen is None and "no layout on device=cpu fits" in problems[0].message
+    assert problems[0].fix.endswith("or device=neuron to plan for a trn2")
 
 
 def test_the_winner_goes_on_with_its_trace_and_the_plan_is_remembered(tmp_path, monkeypatch, capsys):

@@ -42,8 +42,17 @@ def choose(run: RunConf, run_dir: str) -> tuple[RunConf | None, list[Problem]]:
         why = "; ".join(
             f"{r['layout']} {r['ac']} batch {r['local_batch']}: {r['verdict']}" for r in data["rows"][:3]
         )
+        where = f"device={run.device.type.value}" + (
+            f" ({run.device.instance})" if run.device.type.value == "neuron" else ""
+        )
+        fix = FIX if run.device.type.value == "neuron" else f"{FIX}, or device=neuron to plan for a trn2"
         return None, [
-            Problem("parallel", "auto", f"no layout fits a rank's memory ({why or 'no legal layout'})", FIX)
+            Problem(
+                "parallel",
+                "auto",
+                f"no layout on {where} fits a rank's memory ({why or 'no legal layout'})",
+                fix,
+            )
         ]
     best = data["rows"][0]
     chosen = _apply(run, best)
