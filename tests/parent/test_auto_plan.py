@@ -5,6 +5,7 @@ winner the launcher goes on with. Traces are replaced by a stand-in (``_fake_tra
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from conftest import resolve
@@ -130,6 +131,35 @@ def test_no_layout_that_fits_refuses_the_job_naming_parallel_auto(tmp_path, monk
     assert chosen is None and problems[0].key == "parallel"
     assert "no layout on device=neuron (trn2.48xlarge) fits a rank's memory" in problems[0].message
     assert "device=neuron" not in problems[0].fix
+
+
+@pytest.mark.parametrize("budget, rounds", [(60, 1), (100, 2)])
+def test_a_round_starts_only_if_it_would_end_within_the_budget(tmp_path, monkeypatch, budget, rounds):
+    """Rounds of 40 s on a fake clock, each row over the limit so that tracing goes on: after the
+    first, a round starts only if one as long as the last ends within parallel.auto_budget."""
+    clock = [0.0]
+    monkeypatch.setattr(plan.time, "perf_counter", lambda: clock[0])
+    calls = []
+
+    def peak_of(run):
+        if len(calls) in (1, 2):  # the first round's first row fits, the rest never
+            return 1 * GiB
+        return 100 * GiB
+
+    _fake_traces(monkeypatch, peak_of, calls)
+    traced = plan.trace_rows
+
+    def timed(run_dir, runs, limits):
+        clock[0] += 40.0
+        return traced(run_dir, runs, limits)
+
+    monkeypatch.setattr(plan, "trace_rows", timed)
+    run = resolve(*HEADLINE, f"parallel.auto_budget={budget}", "parallel.auto_traces=5")
+    shape, flops = _shape(run, tmp_path)
+    made = plan.make_plan(run, str(tmp_path), shape, flops)
+    slots = min(os.cpu_count() or 1, 5)
+    assert len(calls) == rounds * slots
+    assert any("would end past parallel.auto_budget" in note for note in made.notes)
 
 
 def test_a_cpu_plan_that_fits_nothing_says_it_planned_for_the_cpu(tmp_path, capsys):

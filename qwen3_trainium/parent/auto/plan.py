@@ -101,7 +101,7 @@ def make_plan(run: RunConf, run_dir: str, shape: ModelShape, flops_per_token: fl
     _predict(rows, shape, fabrics)
     tracing = run.memory.mode is not MemoryMode.estimate
     if tracing:
-        _trace_best(run, run_dir, rows, shape, fabrics, limits, plan)
+        _trace_best(run, run_dir, rows, shape, fabrics, limits, plan, start)
     else:
         plan.notes.append("memory=estimate: planned on the estimate alone, no layout traced")
     plan.rows = _rank(rows, tracing)
@@ -138,26 +138,31 @@ def _next(rows: list[Scored], count: int) -> list[Scored]:
     return ordered[:count]
 
 
-def _trace_best(run, run_dir, rows, shape, fabrics, limits, plan: Plan) -> None:
-    """Trace in rounds of as many layouts as there are cores (one helper process each)."""
+def _trace_best(run, run_dir, rows, shape, fabrics, limits, plan: Plan, start: float) -> None:
+    """Trace in rounds of as many layouts as there are cores (one helper process each). After
+    the first, a round starts only if, lasting as long as the last one, it ends within
+    ``parallel.auto_budget`` seconds of the plan's start."""
     limit, budget = run.parallel.auto_traces, run.parallel.auto_budget
-    start, traced = time.perf_counter(), 0
+    traced, last_round = 0, 0.0
     slots = max(min(os.cpu_count() or 1, limit), 1)
     while True:
         fitting = any(r.traced and r.fits for r in rows)
         if fitting and traced >= limit:
             break
-        if fitting and time.perf_counter() - start > budget:
-            plan.notes.append(f"stopped tracing after parallel.auto_budget={budget} s")
+        if fitting and time.perf_counter() - start + last_round > budget:
+            plan.notes.append(
+                f"stopped tracing: another round (about {last_round:.0f} s, as the last) would end past parallel.auto_budget={budget} s"
+            )
             break
         if traced >= 3 * limit:  # none of them fits: the plan ends without a winner
             break
         batch = _next(rows, slots if not fitting else min(slots, limit - traced))
         if not batch:
             break
-        for row, (result, why) in zip(
-            batch, trace_rows(run_dir, [r.run for r in batch], limits), strict=True
-        ):
+        began = time.perf_counter()
+        results = trace_rows(run_dir, [r.run for r in batch], limits)
+        last_round = time.perf_counter() - began
+        for row, (result, why) in zip(batch, results, strict=True):
             traced += 1
             if result is None:
                 row.trace_error = why
