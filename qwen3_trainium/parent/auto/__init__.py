@@ -42,10 +42,9 @@ def choose(run: RunConf, run_dir: str) -> tuple[RunConf | None, list[Problem]]:
         why = "; ".join(
             f"{r['layout']} {r['ac']} batch {r['local_batch']}: {r['verdict']}" for r in data["rows"][:3]
         )
-        where = f"device={run.device.type.value}" + (
-            f" ({run.device.instance})" if run.device.type.value == "neuron" else ""
-        )
-        fix = FIX if run.device.type.value == "neuron" else f"{FIX}, or device=neuron to plan for a trn2"
+        neuron = run.device.type.value == "neuron"
+        where = f"device=neuron ({run.device.instance})" if neuron else f"device={run.device.type.value}"
+        fix = FIX if neuron else f"{FIX}, or device=neuron to plan for a trn2"
         return None, [
             Problem(
                 "parallel",

@@ -9,8 +9,8 @@
    layout might still fit.
 3. **Trace** the best few (``memory/trace.py``: the second step as rank 0 on fake tensors), in
    order of predicted step time, as many at once as there are cores, until ``parallel.auto_traces``
-   of them are traced, none left untraced would be faster than the best that fits, or
-   ``parallel.auto_budget`` seconds are spent. The trace replaces the estimate and its roofline
+   of them are traced, none left untraced would be faster than the best that fits, or another
+   round, as long as the last, would end past ``parallel.auto_budget`` seconds. The trace replaces the estimate and its roofline
    the FLOP count; an untraced row is scaled by what the most similar traced row measured
    (``score.calibrate``).
 4. **Choose** the fastest traced layout that fits. One the trace says does not fit is never
